@@ -1,0 +1,49 @@
+# The README's commands. `make demo` is the main job; `make test` is what CI runs.
+SHELL := /bin/bash
+PYTHON ?= python3
+VENV := .venv
+BIN := $(VENV)/bin
+# torch stays a range in pyproject.toml. Here we prefer the CPU build that this kind of machine keeps on
+# disk (2.13.0+cpu) over a multi-GB CUDA download; on a GPU box run `make setup TORCH=torch`.
+TORCH ?= torch>=2.2,<2.14
+STAMP := $(VENV)/.setup-stamp
+export MUJOCO_GL ?= egl
+
+.PHONY: setup demo test lint bench clean-demo help
+help:
+	@echo "make demo   collect demos, train, evaluate and deploy the demo policy (CPU, ~30 min)"
+	@echo "make test   run the test suite (what CI runs)"
+	@echo "make lint   ruff check"
+	@echo "make bench  vla-bench: latency, train, data and collect figures side by side with peers"
+
+setup: $(STAMP)
+
+# OS packages for offscreen rendering: EGL (Mesa, software) and OSMesa as the fallback.
+# Installed only when missing, so re-running is free.
+$(STAMP): pyproject.toml
+	@if ! ldconfig -p | grep -q 'libEGL.so.1' || ! ldconfig -p | grep -q 'libOSMesa.so'; then \
+	  echo "installing offscreen GL libraries (libegl1, libgl1, libosmesa6)"; \
+	  SUDO=$$([ "$$(id -u)" = 0 ] || echo sudo); \
+	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libegl1 libgl1 libgl1-mesa-dri libosmesa6 >/dev/null; \
+	fi
+	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
+	$(BIN)/python -m pip install -q --upgrade pip
+	$(BIN)/python -m pip install -q "$(TORCH)"
+	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	@touch $@
+
+demo: setup
+	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
+
+test: setup
+	$(BIN)/python -m pytest
+
+lint: setup
+	$(BIN)/ruff check .
+	$(BIN)/ruff format --check .
+
+bench: setup
+	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/bench.sh
+
+clean-demo:
+	rm -rf runs/demo data/demo.hdf5

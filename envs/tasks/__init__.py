@@ -1,0 +1,1 @@
+"""Tasks of the tabletop suite: each module pairs a task (randomization, success, reward) with its expert."""

@@ -1,0 +1,110 @@
+"""Pick and place: put a named block into the bin. Also home of the grasp-carry-release expert."""
+
+from __future__ import annotations
+
+import numpy as np
+
+from envs import scene as sc
+from envs.tasks.base import CLOSE, OPEN, Expert, Task, move_toward, sample_layout
+
+CARRY_Z = 0.14  # grip height while carrying: the block's bottom clears the bin's rim
+
+
+def block_in_bin(scene: sc.TabletopScene, i: int) -> bool:
+    offset = np.abs(scene.block_pos(i)[:2] - scene.bin_pos()[:2])
+    return bool(np.all(offset < sc.BIN_INNER_HALF_M) and scene.block_pos(i)[2] < sc.BIN_WALL_TOP_M)
+
+
+class PickPlace(Task):
+    name = "pick_place"
+    max_episode_steps = 100
+    templates = (
+        "put the {block} block in the bin",
+        "pick up the {block} block and place it in the bin",
+        "drop the {block} block into the bin",
+    )
+
+    def sample(self, rng):
+        layout = sample_layout(rng)
+        layout.roles = {"block": int(rng.integers(3))}
+        return layout, self.phrase(rng, block=layout.block_colours[layout.roles["block"]])
+
+    def success(self, scene, layout):
+        i = layout.roles["block"]
+        return block_in_bin(scene, i) and not scene.fingers_touch_block(i)
+
+    def reward_terms(self, scene, layout):
+        i = layout.roles["block"]
+        block = scene.block_pos(i)
+        return {
+            "reach_dist": -float(np.linalg.norm(scene.ee_pos - block)),
+            "grasped": float(scene.grasped(i)),
+            "place_dist": -float(np.linalg.norm(block[:2] - scene.bin_pos()[:2])),
+        }
+
+
+class CarryExpert(Expert):
+    """Above the block, down, close, lift, carry above the place, lower, open, back up.
+
+    Subclasses say where to put the block (`place_xy`, `release_z`). A dropped block sends the
+    expert back to the start, which is how it recovers from slips and from injected noise.
+    """
+
+    APPROACH, DESCEND, CLOSE_, LIFT, CARRY, LOWER, RELEASE, RETREAT = range(8)
+
+    def place_xy(self) -> np.ndarray:
+        raise NotImplementedError
+
+    def release_z(self) -> float:
+        raise NotImplementedError
+
+    def plan(self):
+        scene, i = self.scene, self.layout.roles["block"]
+        block, ee = scene.block_pos(i), scene.ee_pos
+        self.timer += 1
+        if self.phase in (self.LIFT, self.CARRY, self.LOWER) and not scene.grasped(i) and self.timer > 3:
+            self.phase, self.timer = self.APPROACH, 0  # slipped: start over
+        if self.phase == self.APPROACH:
+            goal = block + (0.0, 0.0, 0.07)
+            if np.linalg.norm(ee[:2] - goal[:2]) < 0.012 and abs(ee[2] - goal[2]) < 0.03:
+                self.phase, self.timer = self.DESCEND, 0
+            return move_toward(scene, goal, OPEN)
+        if self.phase == self.DESCEND:
+            goal = block - (0.0, 0.0, 0.004)
+            if np.linalg.norm(ee[:2] - block[:2]) > 0.02:
+                self.phase, self.timer = self.APPROACH, 0
+            elif abs(ee[2] - goal[2]) < 0.008:
+                self.phase, self.timer = self.CLOSE_, 0
+            return move_toward(scene, goal, OPEN)
+        if self.phase == self.CLOSE_:
+            if self.timer >= 4:
+                self.phase, self.timer = self.LIFT, 0
+            return move_toward(scene, block - (0.0, 0.0, 0.004), CLOSE)
+        if self.phase == self.LIFT:
+            goal = np.array([*ee[:2], CARRY_Z])
+            if ee[2] > CARRY_Z - 0.02:
+                self.phase, self.timer = self.CARRY, 0
+            return move_toward(scene, goal, CLOSE)
+        if self.phase == self.CARRY:
+            goal = np.array([*self.place_xy(), CARRY_Z])
+            if np.linalg.norm(block[:2] - goal[:2]) < 0.008:
+                self.phase, self.timer = self.LOWER, 0
+            return move_toward(scene, goal, CLOSE)
+        if self.phase == self.LOWER:
+            goal = np.array([*(ee[:2] + self.place_xy() - block[:2]), self.release_z()])
+            if abs(ee[2] - goal[2]) < 0.006:
+                self.phase, self.timer = self.RELEASE, 0
+            return move_toward(scene, goal, CLOSE)
+        if self.phase == self.RELEASE:
+            if self.timer >= 3:
+                self.phase, self.timer = self.RETREAT, 0
+            return move_toward(scene, ee, OPEN)
+        return move_toward(scene, np.array([*ee[:2], self.release_z() + 0.08]), OPEN)
+
+
+class PickPlaceExpert(CarryExpert):
+    def place_xy(self):
+        return self.scene.bin_pos()[:2]
+
+    def release_z(self):
+        return CARRY_Z - 0.03

@@ -1,0 +1,19 @@
+"""vla: a small decoder-only action-transformer toolkit for robot policies.
+
+    from vla import load_policy
+    policy = load_policy("runs/demo", device="cpu", kv_cache=True)
+    policy.reset("put the red block in the bowl")
+    action = policy.act(obs)
+"""
+
+__version__ = "0.1.0"
+
+
+def load_policy(checkpoint_dir, device=None, kv_cache=True):
+    """Load a trained policy from a checkpoint directory (safetensors + JSON; never unpickles)."""
+    from vla.policy import load_policy as _load
+
+    return _load(checkpoint_dir, device=device, kv_cache=kv_cache)
+
+
+__all__ = ["load_policy", "__version__"]
