@@ -1,0 +1,70 @@
+"""`vla-bench latency` smoke runs with a tiny model: JSON fields, markdown beside it, exactness."""
+
+import json
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import torch
+
+from vla.bench import main
+
+TINY = [
+    "d_model=32",
+    "n_layer=2",
+    "n_head=2",
+    "d_ff=64",
+    "image_size=16",
+    "patch_size=8",
+    "proprio_dim=3",
+    "action_dim=2",
+    "instruction_len=6",
+    "vocab_size=40",
+    "action_bins=16",
+]
+ARGS = ["--steps", "4", "--warmup", "3", "--window", "3", "--equivalence-steps", "8", "--threads", "1"]
+
+
+@pytest.fixture(autouse=True)
+def restore_threads():
+    before = torch.get_num_threads()
+    yield
+    torch.set_num_threads(before)
+
+
+def test_latency_json_and_markdown(tmp_path, capsys):
+    out = tmp_path / "lat.json"
+    assert main(["latency", "--json", str(out), *ARGS, *TINY]) == 0
+    r = json.loads(out.read_text())
+    for key in ("streaming_ms", "recompute_ms", "hf_gpt2_ms"):
+        assert set(r[key]) >= {"p50", "p99"} and 0 < r[key]["p50"] <= r[key]["p99"]
+    assert 0 <= r["max_abs_diff"] <= 1e-4
+    assert r["decoding"] == "parallel" and set(r["by_decoding"]) == {"parallel", "autoregressive"}
+    assert all(m["tokens_identical"] for m in r["by_decoding"].values())
+    assert r["by_decoding"]["parallel"]["hf_gpt2_one_pass_ms"]["p50"] > 0
+    assert r["config"]["d_model"] == 32 and r["config"]["window"] == 3 and r["threads"] == 1
+    md = out.with_suffix(".md").read_text()
+    assert "| parallel |" in md and "| autoregressive |" in md
+    assert "streaming" in capsys.readouterr().out
+
+
+def test_latency_without_transformers(tmp_path, monkeypatch):
+    monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
+    out = tmp_path / "lat.json"
+    assert main(["latency", "--json", str(out), "--decoding", "autoregressive", *ARGS, *TINY]) == 0
+    r = json.loads(out.read_text())
+    assert r["hf_gpt2_ms"] is None and "transformers" in r["hf_gpt2_reason"]
+    assert r["streaming_ms"]["p50"] > 0 and r["max_abs_diff"] <= 1e-4
+
+
+def test_bad_input_is_one_clear_error(capsys):
+    assert main(["latency", "--steps", "1", "d_modle=8"]) == 2
+    err = capsys.readouterr().err.strip().splitlines()
+    assert len(err) == 1 and "d_model" in err[0]
+
+
+def test_module_entry_point_help():
+    cmd = [sys.executable, "-m", "vla.bench", "latency", "--help"]
+    r = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
+    assert r.returncode == 0 and "--json" in r.stdout and "--window" in r.stdout

@@ -1,0 +1,352 @@
+"""Property tests of the policy model: causality, cache equivalence, time-shift invariance, order
+sensitivity, padding, overfitting, and the model card's parameter count. Tiny sizes throughout."""
+
+import dataclasses
+
+import pytest
+import torch
+
+from vla.config import ConfigError, from_dict
+from vla.model import ActionTransformer, ModelConfig
+from vla.model_card import format_model_card, model_card
+
+TINY = dict(
+    image_size=16,
+    patch_size=8,  # 4 patches per camera
+    proprio_dim=3,
+    action_dim=2,
+    window=3,
+    instruction_len=6,
+    vocab_size=40,
+    action_bins=16,
+    d_model=32,
+    n_layer=2,
+    n_head=2,
+    d_ff=64,
+)
+
+
+@pytest.fixture(autouse=True, scope="module")
+def one_thread():
+    """Tiny tensors: one intra-op thread. With two on a busy 2-core machine, OpenMP hand-offs between
+    microsecond-sized ops made this file ~15x slower."""
+    before = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(before)
+
+
+def tiny(**kw) -> ModelConfig:
+    return ModelConfig(**{**TINY, **kw})
+
+
+def make_model(seed=0, sharp=False, **kw) -> ActionTransformer:
+    """A tiny model. `sharp`: query/key weights 15x the init scale, so attention is far from uniform and
+    content-position interactions are large (at init they are ~1e-5: logits barely move)."""
+    torch.manual_seed(seed)
+    model = ActionTransformer(tiny(**kw)).eval()
+    if sharp:
+        with torch.no_grad():
+            for block in model.blocks:
+                block.attn.c_attn.weight[: 2 * model.cfg.d_model] *= 15.0
+    return model
+
+
+def make_batch(cfg: ModelConfig, B=2, T=None, seed=0, t0=5) -> dict:
+    g = torch.Generator().manual_seed(seed)
+    T = cfg.window if T is None else T
+    instruction = torch.randint(2, cfg.vocab_size, (B, cfg.instruction_len), generator=g)
+    instruction[:, 0] = 1
+    instruction[0, 4:] = 0  # padded tail on the first sample
+    return {
+        "instruction": instruction,
+        "image": torch.randint(0, 256, (B, T, cfg.n_cameras, cfg.image_size, cfg.image_size, 3), generator=g).to(
+            torch.uint8
+        ),
+        "proprio": torch.randn(B, T, cfg.proprio_dim, generator=g),
+        "timestep": torch.arange(t0, t0 + T)[None].repeat(B, 1),
+        "step_mask": torch.ones(B, T, dtype=torch.bool),
+        "actions": torch.randint(0, cfg.action_bins, (B, T, cfg.n_action_tokens), generator=g),
+    }
+
+
+def test_forward_shapes_loss_accuracy():
+    model = make_model(chunk=2)
+    cfg = model.cfg
+    out = model(make_batch(cfg))
+    assert out["logits"].shape == (2, cfg.window, cfg.chunk * cfg.action_dim, cfg.action_bins)
+    assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
+    assert out["accuracy"].shape == (cfg.action_dim,) and ((out["accuracy"] >= 0) & (out["accuracy"] <= 1)).all()
+    assert "loss" not in model({k: v for k, v in make_batch(cfg).items() if k != "actions"})
+
+
+# ------------------------------------------------------------------------------------ causality
+
+
+@pytest.mark.parametrize("causal_scope", ["step", "stream"])
+def test_causality_perturbing_any_token_changes_no_earlier_output(causal_scope):
+    model = make_model(causal_scope=causal_scope)
+    batch = make_batch(model.cfg, B=1)
+    batch["instruction"][:] = torch.arange(1, 7)  # no padding: every position is a real token
+    x = model.embed(batch)  # (1, N, d)
+    mask = model.attention_mask(batch["instruction"], batch["timestep"], batch["step_mask"])
+    h = model.trunk(x, mask)
+    for p in range(x.shape[1]):
+        x2 = x.clone()
+        x2[:, p] += torch.randn(x.shape[-1])
+        h2 = model.trunk(x2, mask)
+        assert torch.allclose(h2[:, :p], h[:, :p], atol=1e-6), f"perturbing token {p} changed an earlier one"
+        assert not torch.allclose(h2[:, p], h[:, p], atol=1e-4)
+
+
+def test_causality_through_inputs():
+    """Changing step k's image, or action value j, leaves all earlier predictions unchanged."""
+    model = make_model()
+    cfg, batch = model.cfg, make_batch(model.cfg)
+    ref = model(batch)["logits"]  # (B, T, CA, bins)
+    b2 = {k: v.clone() for k, v in batch.items()}
+    b2["image"][:, 2] = 255 - b2["image"][:, 2]
+    out = model(b2)["logits"]
+    assert torch.allclose(out[:, :2], ref[:, :2], atol=1e-6) and not torch.allclose(out[:, 2], ref[:, 2], atol=1e-5)
+    model = make_model(chunk=2)  # 4 action slots; slot j is fed the bin of slot j-1
+    batch = make_batch(model.cfg)
+    ref = model(batch)["logits"]
+    b2 = {k: v.clone() for k, v in batch.items()}
+    b2["actions"][:, 1, 1] = (b2["actions"][:, 1, 1] + 1) % cfg.action_bins
+    out = model(b2)["logits"]
+    assert torch.allclose(out[:, :1], ref[:, :1], atol=1e-6)
+    assert torch.allclose(out[:, 1, :2], ref[:, 1, :2], atol=1e-6)  # slots 0, 1 do not see bin 1
+    assert not torch.allclose(out[:, 1, 2], ref[:, 1, 2], atol=1e-5)  # slot 2 is fed bin 1
+
+
+def test_step_scope_observations_see_only_their_step_and_the_instruction():
+    model = make_model(causal_scope="step")
+    cfg, batch = model.cfg, make_batch(model.cfg, B=1)
+    layout = model.token_layout()
+    x = model.embed(batch)
+    mask = model.attention_mask(batch["instruction"], batch["timestep"], batch["step_mask"])
+    h = model.trunk(x, mask)
+    x2 = x.clone()
+    x2[:, layout["step"] == 0] += torch.randn(x.shape[-1])  # change all of step 0 (observations and actions)
+    h2 = model.trunk(x2, mask)
+    later_obs = (layout["step"] > 0) & (layout["index"] < cfg.n_obs_tokens)
+    later_act = (layout["step"] > 0) & (layout["index"] >= cfg.n_obs_tokens)
+    assert torch.allclose(h2[:, later_obs], h[:, later_obs], atol=1e-6)
+    assert not torch.allclose(h2[:, later_act], h[:, later_act], atol=1e-4)  # actions read past steps
+
+
+# ------------------------------------------------------------------------------------ streaming
+
+
+def stream_vs_recompute(model, n_steps, B=2, t0=3, seed=1):
+    """Run an episode through the cache; at every step recompute the same window from scratch."""
+    cfg = model.cfg
+    ep = make_batch(cfg, B=B, T=n_steps, seed=seed, t0=t0)
+    cache = model.new_cache(B)
+    model.start(cache, ep["instruction"])
+    ptr = cache.kv.data_ptr()
+    diffs, same, tokens = [], [], []
+    for t in range(n_steps):
+        out = model.step(cache, ep["image"][:, t], ep["proprio"][:, t], ep["timestep"][:, t])
+        tokens.append(out.tokens)
+        lo = max(0, t - cfg.window + 1)
+        ref = model.recompute(
+            ep["instruction"],
+            ep["image"][:, lo : t + 1],
+            ep["proprio"][:, lo : t + 1],
+            ep["timestep"][:, lo : t + 1],
+            actions=torch.stack(tokens[lo:], dim=1),
+        )
+        assert out.logits.shape == (B, cfg.n_action_tokens, cfg.action_bins)
+        diffs.append((out.logits - ref.logits).abs().max().item())
+        same.append(bool((out.tokens == ref.tokens).all()))
+    assert cache.kv.data_ptr() == ptr and cache.n_steps == n_steps  # constant memory, no reallocation
+    return diffs, same
+
+
+@pytest.mark.parametrize(
+    "decoding, chunk, time_encoding",
+    [
+        ("autoregressive", 1, "relative"),
+        ("autoregressive", 2, "learned"),
+        ("parallel", 1, "learned"),
+        ("parallel", 2, "relative"),
+    ],
+)
+def test_cache_equivalence_over_a_long_episode(decoding, chunk, time_encoding):
+    model = make_model(action_decoding=decoding, chunk=chunk, time_encoding=time_encoding)
+    n = 3 * model.cfg.window + 2  # the window slides 8 times
+    diffs, same = stream_vs_recompute(model, n)
+    assert max(diffs) <= 1e-4, diffs
+    assert all(same)
+
+
+def test_cache_equivalence_conv_patches_two_cameras():
+    model = make_model(patch_embed="conv", n_cameras=2, time_encoding="sinusoidal")
+    diffs, same = stream_vs_recompute(model, 2 * model.cfg.window + 1)
+    assert max(diffs) <= 1e-4 and all(same)
+
+
+def test_stream_scope_is_exact_only_until_the_window_slides():
+    """The plain causal mask: cached layer-2 keys remember evicted steps (why "step" is the default)."""
+    model = make_model(causal_scope="stream")
+    K = model.cfg.window
+    diffs, _ = stream_vs_recompute(model, 3 * K)
+    assert max(diffs[:K]) <= 1e-4
+    assert max(diffs[K:]) > 1e-4
+
+
+def test_cache_restart_and_sampling():
+    model = make_model()
+    cfg, ep = model.cfg, make_batch(model.cfg, B=1, T=3)
+    cache = model.new_cache(1)
+    with pytest.raises(RuntimeError, match="start"):
+        model.step(cache, ep["image"][:, 0], ep["proprio"][:, 0], ep["timestep"][:, 0])
+    runs = []
+    for _ in range(2):  # start() forgets the previous episode completely
+        model.start(cache, ep["instruction"])
+        runs.append([model.step(cache, ep["image"][:, t], ep["proprio"][:, t], ep["timestep"][:, t]) for t in range(3)])
+    assert all(torch.equal(a.logits, b.logits) for a, b in zip(*runs, strict=True))
+    model.start(cache, ep["instruction"])
+    g = torch.Generator().manual_seed(0)
+    out = model.step(cache, ep["image"][:, 0], ep["proprio"][:, 0], ep["timestep"][:, 0], temperature=1.0, generator=g)
+    assert out.tokens.shape == (1, cfg.n_action_tokens) and (out.tokens < cfg.action_bins).all()
+
+
+# ------------------------------------------------------------------------------------ time and order
+
+
+def test_relative_time_is_shift_invariant():
+    model = make_model(time_encoding="relative", sharp=True)
+    batch = make_batch(model.cfg)
+    shifted = dict(batch, timestep=batch["timestep"] + 137)
+    assert torch.allclose(model(batch)["logits"], model(shifted)["logits"], atol=1e-5)
+    d1, _ = stream_vs_recompute(model, 6, t0=0)
+    d2, _ = stream_vs_recompute(model, 6, t0=500)
+    assert max(d1 + d2) <= 1e-4
+
+
+@pytest.mark.parametrize("time_encoding", ["sinusoidal", "learned"])
+def test_absolute_time_is_not_shift_invariant(time_encoding):
+    model = make_model(time_encoding=time_encoding, sharp=True)
+    batch = make_batch(model.cfg)
+    shifted = dict(batch, timestep=batch["timestep"] + 137)
+    assert not torch.allclose(model(batch)["logits"], model(shifted)["logits"], atol=1e-4)
+
+
+def swap_steps(batch, i, j):
+    out = {k: v.clone() for k, v in batch.items()}
+    for key in ("image", "proprio", "actions"):
+        out[key][:, [i, j]] = batch[key][:, [j, i]]
+    return out
+
+
+@pytest.mark.parametrize("time_encoding", ["relative", "sinusoidal", "learned"])
+def test_order_sensitivity(time_encoding):
+    """Swapping two past steps' observations changes the prediction: a sequence, not a set."""
+    model = make_model(time_encoding=time_encoding, sharp=True)
+    batch = make_batch(model.cfg)
+    last = model(batch)["logits"][:, -1]
+    assert not torch.allclose(model(swap_steps(batch, 0, 1))["logits"][:, -1], last, atol=1e-4)
+
+
+def test_without_time_the_past_is_a_set():
+    model = make_model(time_encoding="none", sharp=True)
+    batch = make_batch(model.cfg)
+    last = model(batch)["logits"][:, -1]
+    assert torch.allclose(model(swap_steps(batch, 0, 1))["logits"][:, -1], last, atol=1e-5)
+
+
+# ------------------------------------------------------------------------------------ padding
+
+
+@pytest.mark.parametrize("decoding", ["autoregressive", "parallel"])
+def test_padded_window_equals_shorter_window(decoding):
+    model = make_model(action_decoding=decoding)
+    cfg, n_pad = model.cfg, 1
+    short = make_batch(cfg, T=cfg.window - n_pad)
+    padded = make_batch(cfg, T=cfg.window, seed=9)  # garbage in the padded steps
+    padded["instruction"] = short["instruction"]
+    for key in ("image", "proprio", "timestep", "actions"):
+        padded[key][:, n_pad:] = short[key]
+    padded["timestep"][:, :n_pad] = 0
+    padded["step_mask"][:, :n_pad] = False
+    out_s, out_p = model(short), model(padded)
+    assert torch.allclose(out_p["logits"][:, n_pad:], out_s["logits"], atol=1e-5)
+    assert torch.allclose(out_p["loss"], out_s["loss"], atol=1e-6)
+    assert torch.allclose(out_p["accuracy"], out_s["accuracy"])
+    args = ("instruction", "image", "proprio", "timestep")
+    rec_s = model.recompute(*(short[k] for k in args))
+    rec_p = model.recompute(*(padded[k] for k in args), step_mask=padded["step_mask"])
+    assert torch.allclose(rec_p.logits, rec_s.logits, atol=1e-5) and torch.equal(rec_p.tokens, rec_s.tokens)
+
+
+# ------------------------------------------------------------------------------------ training
+
+
+def test_overfits_a_fixed_batch():
+    model = make_model(action_decoding="autoregressive", chunk=2).train()
+    batch = make_batch(model.cfg, B=4)
+    opt = torch.optim.AdamW(model.optim_groups(weight_decay=0.01), lr=3e-3)
+    first = None
+    for _ in range(40):
+        loss = model(batch)["loss"]
+        first = loss.item() if first is None else first
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+    out = model.eval()(batch)
+    assert out["loss"].item() < 0.3 * first, (first, out["loss"].item())
+    assert out["accuracy"].min() > 0.8
+
+
+# ------------------------------------------------------------------------------------ card, config, maps
+
+
+@pytest.mark.parametrize(
+    "kw",
+    [{}, {"patch_embed": "conv", "n_cameras": 2}, {"action_decoding": "parallel", "time_encoding": "learned"}],
+)
+def test_model_card_parameter_total(kw):
+    cfg = tiny(**kw)
+    card = model_card(cfg)
+    model = ActionTransformer(cfg)
+    assert card["parameters"]["total"] == sum(p.numel() for p in model.parameters())
+    d, dff = cfg.d_model, cfg.d_ff
+    per_layer = sum(p.numel() for p in model.blocks[0].parameters())
+    assert card["per_layer"]["actual"] == per_layer
+    assert card["per_layer"]["formula_4d2_plus_2d_dff"] == 4 * d * d + 2 * d * dff
+    assert card["per_layer"]["difference"] == 4 * d + dff + d + 4 * d  # biases + 2 LayerNorms
+    assert card["tokens"]["per_step"] == cfg.tokens_per_step
+    assert card["flops"]["per_training_sample_train"] == 3 * card["flops"]["per_training_sample_forward"]
+    assert card["flops"]["per_control_step_recompute"] > card["flops"]["per_control_step_streaming"]
+    assert "| **total** |" in format_model_card(card)
+
+
+def test_config_refuses_typos_and_bad_values():
+    assert from_dict(ModelConfig, dict(TINY)) == tiny()
+    with pytest.raises(ConfigError, match="d_model"):
+        from_dict(ModelConfig, {"d_modle": 64})
+    with pytest.raises(ConfigError, match="n_head"):
+        from_dict(ModelConfig, {"d_model": 30, "n_head": 4})
+    with pytest.raises(ConfigError, match="time_encoding"):
+        from_dict(ModelConfig, {"time_encoding": "rope"})
+    with pytest.raises(ConfigError, match="patch_size"):
+        from_dict(ModelConfig, {"image_size": 64, "patch_size": 12, "patch_embed": "conv"})
+
+
+def test_attention_maps():
+    model = make_model()
+    batch = make_batch(model.cfg)
+    maps = model.attention_maps(batch)
+    N = model.cfg.instruction_len + model.cfg.window * model.cfg.tokens_per_step
+    assert len(maps) == model.cfg.n_layer and maps[0].shape == (2, model.cfg.n_head, N, N)
+    assert torch.allclose(maps[0].sum(-1), torch.ones(2, model.cfg.n_head, N), atol=1e-5)
+    assert (maps[-1].triu(diagonal=1) == 0).all()  # nothing attends to the future
+    layout = model.token_layout()
+    assert layout["segment"].shape == (N,) and (layout["step"][: model.cfg.instruction_len] == -1).all()
+
+
+def test_replace_keeps_validation():
+    with pytest.raises(ValueError, match="n_head"):
+        dataclasses.replace(tiny(), n_head=5)

@@ -1,0 +1,5 @@
+import sys
+
+from vla.bench import main
+
+sys.exit(main())

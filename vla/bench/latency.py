@@ -1,0 +1,369 @@
+"""Per-control-step latency: streaming KV cache vs full recomputation vs Hugging Face GPT-2's cache.
+
+One control step = append one step's observation tokens and decode its action tokens, with the
+window full (K steps; the oldest is evicted). Three ways, same model size and token counts:
+
+- streaming: `ActionTransformer.step` on the constant-memory ring-buffer cache;
+- recompute: `ActionTransformer.recompute`, the same window from scratch, no cache (autoregressive
+  decoding needs one full pass per action token);
+- hf_gpt2: `transformers.GPT2LMHeadModel` built from a `GPT2Config` of the same width, depth, heads
+  and MLP width (random weights, nothing downloaded), fed `inputs_embeds` prepared outside the timer,
+  with its `past_key_values` cache held at the same window length (the step's tokens are cropped
+  off again after each timed step). It processes the same tokens per step the way a language model
+  decodes actions: one call with the observation tokens (+ the token before the first action),
+  then one call per further action token. That equals our autoregressive pass structure, so in that
+  row the difference is per-call overhead only.
+- hf_gpt2_one_pass (with our parallel decoding only): GPT-2 given the whole step in one call, the
+  same single pass our parallel decoding makes: again a like-for-like overhead comparison.
+
+The top level reports our parallel decoding (one pass per step) against the token-at-a-time GPT-2
+peer; `by_decoding` has every pairing, matched ones included.
+
+Timing: `time.perf_counter` around each step under `torch.inference_mode`, after a warm-up that
+fills the window; p50/p99 in milliseconds. The three methods take turns step by step, so a change
+in machine load during the run hits them alike. `--threads` defaults to the cores this process may use
+(`os.sched_getaffinity`); on a small shared CPU, other load shows in the p99 (the 1-minute load
+average is recorded). `max_abs_diff` is the largest |streaming - recompute| logit difference over an
+episode long enough for the window to slide several times.
+"""
+
+from __future__ import annotations
+
+import inspect
+import os
+import platform
+import time
+from dataclasses import asdict, replace
+
+import numpy as np
+import torch
+
+from vla.config import apply_overrides, from_dict, load_yaml
+from vla.model import ActionTransformer, ModelConfig
+
+# The demo-sized model of the CPU end-to-end run.
+DEMO = {
+    "d_model": 128,
+    "n_layer": 4,
+    "n_head": 4,
+    "d_ff": 512,
+    "image_size": 64,
+    "patch_size": 16,
+    "n_cameras": 1,
+    "proprio_dim": 9,
+    "action_dim": 4,
+    "window": 8,
+}
+
+
+def add_arguments(p) -> None:
+    p.add_argument("--config", default=None, help="YAML with model keys (top level or under `model:`)")
+    p.add_argument("--steps", type=int, default=200, help="timed control steps per method (default 200)")
+    p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: window + 10)")
+    p.add_argument("--window", type=int, default=None, help="K, control steps in the window (default 8)")
+    p.add_argument(
+        "--decoding",
+        choices=["autoregressive", "parallel", "both"],
+        default="both",
+        help="our action decoding to measure; with 'both' (default) the top level reports parallel",
+    )
+    p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    p.add_argument("--equivalence-steps", type=int, default=None, help="episode length for max_abs_diff (5K)")
+    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--seed", type=int, default=0)
+    p.add_argument("overrides", nargs="*", metavar="key=value", help="model config overrides, e.g. n_layer=2")
+
+
+def build_config(args) -> ModelConfig:
+    data = dict(DEMO)
+    if args.config:
+        loaded = load_yaml(args.config)
+        data |= loaded["model"] if isinstance(loaded.get("model"), dict) else loaded
+    cfg = from_dict(ModelConfig, data, "model")
+    if args.window is not None:
+        cfg = replace(cfg, window=args.window)
+    return apply_overrides(cfg, list(args.overrides)) if args.overrides else cfg
+
+
+def _sync(device: torch.device) -> None:
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+
+
+def _stats(samples: list[float]) -> dict:
+    a = np.asarray(samples) * 1e3
+    return {
+        "p50": float(np.percentile(a, 50)),
+        "p99": float(np.percentile(a, 99)),
+        "mean": float(a.mean()),
+        "min": float(a.min()),
+    }
+
+
+class _Episode:
+    """Random inputs for one episode (batch 1): the same for every method."""
+
+    def __init__(self, cfg: ModelConfig, n_steps: int, device: torch.device, seed: int):
+        g = torch.Generator().manual_seed(seed)
+        n_words = max(2, cfg.instruction_len * 2 // 3)
+        instr = torch.zeros(1, cfg.instruction_len, dtype=torch.long)
+        instr[0, 0] = 1  # <bos>
+        instr[0, 1:n_words] = torch.randint(2, cfg.vocab_size, (n_words - 1,), generator=g)
+        self.instruction = instr.to(device)  # (1, L), padded tail
+        shape = (1, n_steps, cfg.n_cameras, cfg.image_size, cfg.image_size, 3)
+        self.image = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)  # (1, E, C, H, W, 3)
+        self.proprio = torch.randn(1, n_steps, cfg.proprio_dim, generator=g).to(device)  # (1, E, P)
+        self.timestep = torch.arange(n_steps, device=device)[None]  # (1, E)
+        self.n_steps = n_steps
+
+
+class _Streaming:
+    """Our model with its ring-buffer KV cache: one `step` per control step."""
+
+    def __init__(self, model, ep: _Episode, device):
+        self.model, self.ep = model, ep
+        self.cache = model.new_cache(1, device)
+        model.start(self.cache, ep.instruction)
+        self.tokens: list[torch.Tensor] = []  # decoded (1, chunk*A) per step, for recompute's past actions
+
+    def __call__(self, t: int) -> None:
+        ep = self.ep
+        self.tokens.append(self.model.step(self.cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t]).tokens)
+
+
+class _Recompute:
+    """The same window from scratch, no cache (what an uncached policy does every step)."""
+
+    def __init__(self, model, ep: _Episode, streaming: _Streaming):
+        self.model, self.ep, self.streaming = model, ep, streaming
+
+    def __call__(self, t: int) -> None:
+        ep, lo = self.ep, max(0, t - self.model.cfg.window + 1)
+        past = self.streaming.tokens[lo : t + 1]  # (1, chunk*A) each; read under causal_scope="stream"
+        self.model.recompute(
+            ep.instruction,
+            ep.image[:, lo : t + 1],  # (1, K, C, H, W, 3)
+            ep.proprio[:, lo : t + 1],
+            ep.timestep[:, lo : t + 1],
+            actions=torch.stack(past, dim=1) if len(past) == t + 1 - lo else None,
+        )
+
+
+class _HFGPT2:
+    """transformers' GPT2LMHeadModel of the same size with its own KV cache (random weights)."""
+
+    def __init__(self, cfg: ModelConfig, n_steps: int, device, seed: int, one_pass: bool):
+        import transformers
+        from transformers import GPT2Config, GPT2LMHeadModel
+
+        transformers.logging.set_verbosity_error()
+        torch.manual_seed(seed)
+        gcfg = GPT2Config(
+            vocab_size=cfg.action_bins,
+            n_positions=max(1024, cfg.n_tokens),
+            n_embd=cfg.d_model,
+            n_layer=cfg.n_layer,
+            n_head=cfg.n_head,
+            n_inner=cfg.d_ff,
+            resid_pdrop=0.0,
+            embd_pdrop=0.0,
+            attn_pdrop=0.0,
+            bos_token_id=None,
+            eos_token_id=None,
+        )
+        gcfg._attn_implementation = "sdpa"
+        self.gpt = GPT2LMHeadModel(gcfg).to(device).eval()
+        self.version = transformers.__version__
+        S, self.S, self.CA = cfg.tokens_per_step, cfg.tokens_per_step, cfg.n_action_tokens
+        # token at a time (as a language model decodes): observation tokens + the previous token in one
+        # call, then one call per further action token; one_pass: the whole step in one call
+        self.first = S if one_pass else cfg.n_obs_tokens + 1
+        g = torch.Generator().manual_seed(seed)
+        self.obs = torch.randn(n_steps, 1, self.first, cfg.d_model, generator=g).to(device)  # (E, 1, first, d)
+        prefix = torch.randn(1, cfg.n_tokens - S, cfg.d_model, generator=g).to(device)  # instruction + K-1 steps
+        # transformers >= 5.2x names the cache argument `cache`; earlier versions `past_key_values`
+        self.key = "cache" if "cache" in inspect.signature(self.gpt.forward).parameters else "past_key_values"
+        with torch.inference_mode():
+            out = self.gpt(inputs_embeds=prefix, use_cache=True)
+        self.pkv = out[self.key] if self.key in out else out["past_key_values"]
+
+    @torch.inference_mode()
+    def __call__(self, t: int) -> None:
+        gpt, kw = self.gpt, {self.key: self.pkv}
+        out = gpt(inputs_embeds=self.obs[t], use_cache=True, **kw)
+        tok = out.logits[:, -1].argmax(-1)  # (1,)
+        if self.first < self.S:
+            for _ in range(self.CA - 1):
+                out = gpt(inputs_embeds=gpt.transformer.wte(tok)[:, None], use_cache=True, **kw)  # (1, 1, d) in
+                tok = out.logits[:, -1].argmax(-1)
+
+    def after(self) -> None:
+        """Untimed: drop the step's tokens again so the cache stays at the window's length."""
+        self.pkv.crop(-self.S)  # negative = number of tokens to remove (transformers 4.x and 5.x)
+
+
+def _equivalence(model, ep: _Episode, device) -> tuple[float, bool]:
+    """Max |streaming - recompute| logit difference and whether every decoded token matches."""
+    K = model.cfg.window
+    cache = model.new_cache(1, device)
+    model.start(cache, ep.instruction)
+    worst, same, tokens = 0.0, True, []
+    for t in range(ep.n_steps):
+        out = model.step(cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t])
+        tokens.append(out.tokens)
+        lo = max(0, t - K + 1)
+        ref = model.recompute(
+            ep.instruction,
+            ep.image[:, lo : t + 1],
+            ep.proprio[:, lo : t + 1],
+            ep.timestep[:, lo : t + 1],
+            actions=torch.stack(tokens[lo : t + 1], dim=1),
+        )
+        worst = max(worst, (out.logits.float() - ref.logits.float()).abs().max().item())
+        same &= bool((out.tokens == ref.tokens).all())
+    return worst, same
+
+
+def _time_roll(cfg: ModelConfig, device, n: int = 200) -> list[float]:
+    """What eviction would cost as a roll of the step region (the ring buffer moves no data)."""
+    L, S = cfg.instruction_len, cfg.tokens_per_step
+    kv = torch.zeros(cfg.n_layer, 2, 1, cfg.n_head, cfg.n_tokens, cfg.d_model // cfg.n_head, device=device)
+    times = []
+    for _ in range(n):
+        _sync(device)
+        t0 = time.perf_counter()
+        kv[..., L:, :] = torch.roll(kv[..., L:, :], -S, dims=-2)
+        _sync(device)
+        times.append(time.perf_counter() - t0)
+    return times
+
+
+def _measure(cfg: ModelConfig, args, device) -> dict:
+    """Time the methods interleaved step by step, so drifting machine load hits them alike."""
+    K = cfg.window
+    warmup = max(args.warmup if args.warmup is not None else K + 10, K)  # window full before timing
+    torch.manual_seed(args.seed)
+    model = ActionTransformer(cfg).to(device).eval()
+    ep = _Episode(cfg, warmup + args.steps, device, args.seed)
+    streaming = _Streaming(model, ep, device)
+    methods = {"streaming": streaming, "recompute": _Recompute(model, ep, streaming)}
+    hf_reason = None
+    try:
+        methods["hf_gpt2"] = _HFGPT2(cfg, warmup + args.steps, device, args.seed, one_pass=False)
+        if cfg.action_decoding == "parallel":  # GPT-2 given our parallel slots: same single pass
+            methods["hf_gpt2_one_pass"] = _HFGPT2(cfg, warmup + args.steps, device, args.seed, one_pass=True)
+    except ImportError as e:  # an optional extra: `pip install -e .[bench]`
+        hf_reason = f"transformers is not importable ({e}); install the `bench` extra"
+    times = {name: [] for name in methods}
+    for t in range(warmup + args.steps):
+        for name, method in methods.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            method(t)
+            _sync(device)
+            if t >= warmup:
+                times[name].append(time.perf_counter() - t0)
+            if hasattr(method, "after"):
+                method.after()
+    n_eq = args.equivalence_steps if args.equivalence_steps is not None else 5 * K
+    diff, same = _equivalence(model, _Episode(cfg, n_eq, device, args.seed + 1), device)
+    res = {
+        "streaming_ms": _stats(times["streaming"]),
+        "recompute_ms": _stats(times["recompute"]),
+        "hf_gpt2_ms": _stats(times["hf_gpt2"]) if "hf_gpt2" in times else None,
+        "max_abs_diff": diff,
+        "tokens_identical": same,
+        "equivalence_steps": n_eq,
+        "forward_passes_per_step": cfg.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
+    }
+    if "hf_gpt2_one_pass" in times:
+        res["hf_gpt2_one_pass_ms"] = _stats(times["hf_gpt2_one_pass"])
+    if hf_reason:
+        res["hf_gpt2_reason"] = hf_reason
+    else:
+        res["transformers"] = methods["hf_gpt2"].version
+    s50 = res["streaming_ms"]["p50"]
+    res["speedup_p50"] = {
+        "recompute_over_streaming": res["recompute_ms"]["p50"] / s50,
+        "hf_gpt2_over_streaming": None if hf_reason else res["hf_gpt2_ms"]["p50"] / s50,
+    }
+    if "hf_gpt2_one_pass_ms" in res:
+        res["speedup_p50"]["hf_gpt2_one_pass_over_streaming"] = res["hf_gpt2_one_pass_ms"]["p50"] / s50
+    return res
+
+
+def run(args) -> dict:
+    cfg = build_config(args)
+    device = torch.device(args.device)
+    usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
+    threads = args.threads if args.threads is not None else usable
+    torch.set_num_threads(threads)
+    modes = ["parallel", "autoregressive"] if args.decoding == "both" else [args.decoding]
+    primary = modes[0]
+    load = os.getloadavg()[0]
+    by_mode = {m: _measure(replace(cfg, action_decoding=m), args, device) for m in modes}
+    top = by_mode[primary]
+    result = {
+        "streaming_ms": top["streaming_ms"],
+        "recompute_ms": top["recompute_ms"],
+        "hf_gpt2_ms": top["hf_gpt2_ms"],
+        "max_abs_diff": max(r["max_abs_diff"] for r in by_mode.values()),
+        "decoding": primary,
+        "speedup_p50": top["speedup_p50"],
+        "by_decoding": by_mode,
+        "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": _stats(_time_roll(cfg, device))},
+        "config": asdict(replace(cfg, action_decoding=primary)),
+        "tokens_per_step": cfg.tokens_per_step,
+        "window_tokens": cfg.n_tokens,
+        "params": ActionTransformer(replace(cfg, action_decoding=primary)).num_params(),
+        "steps": args.steps,
+        "threads": torch.get_num_threads(),
+        "cpu_count": os.cpu_count(),
+        "loadavg_1min_at_start": load,
+        "device": str(device),
+        "torch": torch.__version__,
+        "python": platform.python_version(),
+    }
+    if top["hf_gpt2_ms"] is None:
+        result["hf_gpt2_reason"] = top["hf_gpt2_reason"]
+    return result
+
+
+def format_markdown(r: dict) -> str:
+    c = r["config"]
+
+    def cell(stats):
+        return "n/a" if stats is None else f"{stats['p50']:.2f} / {stats['p99']:.2f}"
+
+    lines = [
+        f"### Control-step latency (ms, p50 / p99): d_model {c['d_model']}, {c['n_layer']} layers, "
+        f"{c['n_head']} heads, d_ff {c['d_ff']}, window {c['window']}, {r['tokens_per_step']} tokens/step "
+        f"({r['window_tokens']} in the window), {r['threads']} thread(s), {r['device']}, torch {r['torch']}",
+        "",
+        "| our decoding | passes | streaming | recompute | GPT-2 token at a time | GPT-2 one pass "
+        "| recompute / streaming | GPT-2 tok / streaming | GPT-2 one pass / streaming | max abs diff |",
+        "|---|---:|---:|---:|---:|---:|---:|---:|---:|---:|",
+    ]
+    for mode, m in r["by_decoding"].items():
+        sp = m["speedup_p50"]
+
+        def ratio(key, sp=sp):
+            return "n/a" if sp.get(key) is None else f"{sp[key]:.1f}x"
+
+        one_pass = m.get("hf_gpt2_one_pass_ms") if mode == "parallel" else m["hf_gpt2_ms"]
+        lines.append(
+            f"| {mode} | {m['forward_passes_per_step']} | {cell(m['streaming_ms'])} | {cell(m['recompute_ms'])} "
+            f"| {cell(m['hf_gpt2_ms'])} | {cell(one_pass) if mode == 'parallel' else '(same)'} "
+            f"| {ratio('recompute_over_streaming')} | {ratio('hf_gpt2_over_streaming')} "
+            f"| {ratio('hf_gpt2_one_pass_over_streaming') if mode == 'parallel' else '(same)'} "
+            f"| {m['max_abs_diff']:.1e} |"
+        )
+    roll = r["eviction_ms"]["roll_step_region"]["p50"]
+    lines += [
+        "",
+        f"Eviction: the ring buffer moves no data; rolling the step region instead costs {roll:.3f} ms/step.",
+        f"Load average at start: {r['loadavg_1min_at_start']:.2f} on {r['cpu_count']} CPUs.",
+    ]
+    if r.get("hf_gpt2_reason"):
+        lines.append(f"HF GPT-2 not measured: {r['hf_gpt2_reason']}")
+    return "\n".join(lines) + "\n"

@@ -1,0 +1,71 @@
+"""The streaming KV cache: the instruction prefix plus a ring of K step slots, preallocated.
+
+Layout of the key/value buffer along the sequence axis (L instruction tokens, S tokens per step):
+
+    [ instruction (L) | slot 0 (S) | slot 1 (S) | ... | slot K-1 (S) ]
+
+Step n of an episode is written to slot n % K. When the window is full the new step overwrites the
+oldest one: eviction is free (no copy, no roll) and memory is constant over an episode of any length.
+Slots are not in time order, and need not be: attention is a weighted sum over keys, and every key's
+mask and time bias are computed from the slot's stored episode step index, never from its position.
+The model (`ActionTransformer.start/step`) fills the buffer; this object only holds it and knows
+which slot is next.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import torch
+
+
+@dataclass
+class KVCache:
+    """Keys/values of every layer for one batch of episodes that step in lockstep."""
+
+    kv: torch.Tensor  # (n_layer, 2, B, n_head, L + K*S, head_dim): keys [.., 0], values [.., 1]
+    instr_valid: torch.Tensor  # (B, L) bool: False = padding key of the instruction
+    slot_timestep: torch.Tensor  # (B, K) int64: episode step index held by each slot
+    slot_valid: torch.Tensor  # (B, K) bool: False = slot empty (episode younger than K steps)
+    instruction_len: int  # L, tokens
+    tokens_per_step: int  # S, tokens
+    n_steps: int = 0  # steps appended since `start` (the next step goes to slot n_steps % K)
+    step_embed: torch.Tensor | None = None  # (S, d) additive embedding of each step position, set by start
+    instr_add: torch.Tensor | None = None  # (B, 1|H, 1, L) mask columns of the instruction keys, set by start
+
+    @property
+    def window(self) -> int:
+        """K, the number of step slots."""
+        return self.slot_valid.shape[1]
+
+    @property
+    def batch_size(self) -> int:
+        return self.slot_valid.shape[0]
+
+    @property
+    def nbytes(self) -> int:
+        return self.kv.numel() * self.kv.element_size()
+
+    def reset(self) -> None:
+        """Forget the episode (the buffers are reused, not reallocated)."""
+        self.n_steps = 0
+        self.slot_valid.zero_()
+        self.slot_timestep.zero_()
+        self.instr_valid.zero_()
+
+    def advance(self, timestep: torch.Tensor) -> int:
+        """Claim the slot for a new step at episode step `timestep` (B,); evicts the oldest if full."""
+        slot = self.n_steps % self.window
+        self.slot_timestep[:, slot] = timestep
+        self.slot_valid[:, slot] = True
+        self.n_steps += 1
+        return slot
+
+    def slot_offset(self, slot: int) -> int:
+        """Sequence position of the first token of `slot` in the buffer."""
+        return self.instruction_len + slot * self.tokens_per_step
+
+    def window_slots(self) -> list[int]:
+        """The filled slots, oldest step first."""
+        k, n = self.window, self.n_steps
+        return [(n - m) % k for m in range(min(n, k), 0, -1)]
