@@ -1,0 +1,230 @@
+"""`vla-collect` and the HDF5 layout: a small collected file, resume, failed seeds, kill -9 safety."""
+
+from __future__ import annotations
+
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+import h5py
+import numpy as np
+import pytest
+
+from vla.collect import main as collect_main
+from vla.hdf5_format import (
+    DatasetError,
+    Episode,
+    ObsKeys,
+    demo_meta,
+    demo_names,
+    open_dataset,
+    read_demo,
+    read_env_args,
+    read_failed_seeds,
+    split_masks,
+    write_dataset,
+)
+from vla.validate import validate
+
+REACH, PUSH, STACK = "tabletop/Reach-v0", "tabletop/Push-v0", "tabletop/Stack-v0"
+
+
+def pairs(path) -> list[tuple[str, int]]:
+    with open_dataset(path) as f:
+        return [(m["task"], m["seed"]) for m in (demo_meta(f, n) for n in demo_names(f))]
+
+
+@pytest.fixture(scope="module")
+def small(tmp_path_factory):
+    out = tmp_path_factory.mktemp("collect") / "small.hdf5"
+    argv = ["--tasks", f"{REACH},push", "--episodes-per-task", "3", "--workers", "2", "--out", str(out)]
+    assert collect_main([*argv, "--seed", "10", "--quiet"]) == 0
+    return out
+
+
+def test_layout_of_a_collected_file(small):
+    assert validate(small) == []
+    with h5py.File(small, "r") as f:
+        data = f["data"]
+        env_args = json.loads(data.attrs["env_args"])
+        assert env_args["tasks"] == [REACH, PUSH]
+        assert env_args["env_kwargs"]["image_size"] == 64 and env_args["type"] == "vla-tabletop"
+        names = sorted(data, key=lambda n: int(n.split("_")[1]))
+        assert names == [f"demo_{i}" for i in range(6)]
+        total = 0
+        for i, name in enumerate(names):
+            g = data[name]
+            t = int(g.attrs["num_samples"])
+            total += t
+            assert g.attrs["task"].decode() == [REACH, PUSH][i // 3]  # sorted by task, then seed
+            assert int(g.attrs["seed"]) == 10 + i % 3  # seeds --seed, --seed+1, ...
+            assert g.attrs["instruction"] and bool(g.attrs["success"])
+            assert g["actions"].dtype == np.float32 and g["actions"].shape == (t, 4)
+            assert g["rewards"].shape == (t,) and g["dones"].shape == (t,) and g["dones"][-1] == 1
+            assert g["states"].dtype == np.float64 and g["states"].shape[0] == t
+            img = g["obs/image"]
+            assert img.dtype == np.uint8 and img.shape == (t, 64, 64, 3)
+            assert img.chunks == (1, 64, 64, 3) and img.compression == "gzip" and img.fletcher32
+            assert g["obs/proprio"].dtype == np.float32 and g["obs/proprio"].shape == (t, 9)
+        assert int(data.attrs["total"]) == total
+        train = {n.decode() for n in f["mask/train"][()]}
+        valid = {n.decode() for n in f["mask/valid"][()]}
+        assert train | valid == set(names) and not train & valid and len(valid) == 2  # one per task
+
+
+def test_rerun_refuses_and_resume_of_complete_file_adds_nothing(small, capsys):
+    before = small.read_bytes()
+    argv = ["--tasks", f"{REACH},{PUSH}", "--episodes-per-task", "3", "--out", str(small), "--seed", "10", "--quiet"]
+    assert collect_main(argv) == 2
+    assert "already exists; pass --resume" in capsys.readouterr().err
+    assert collect_main([*argv, "--resume"]) == 0
+    assert small.read_bytes() == before  # nothing to do: the file is not even rewritten
+
+
+def test_resume_extends_counts_without_duplicates(small, tmp_path):
+    out = tmp_path / "more.hdf5"
+    out.write_bytes(small.read_bytes())
+    argv = ["--tasks", REACH, "--episodes-per-task", "5", "--out", str(out), "--seed", "10", "--quiet", "--resume"]
+    assert collect_main(argv) == 0
+    got = pairs(out)
+    assert len(got) == len(set(got)) == 8
+    assert sorted(s for t, s in got if t == REACH) == [10, 11, 12, 13, 14]
+    assert validate(out) == []
+
+
+def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
+    assert collect_main(["--tasks", "nope", "--episodes-per-task", "1", "--out", str(tmp_path / "a.hdf5")]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vla-collect: error: unknown task 'nope'") and "\n" not in err
+    assert collect_main(["--episodes-per-task", "0", "--out", str(tmp_path / "a.hdf5")]) == 2
+    assert collect_main(["--episodes-per-task", "1", "--out", str(tmp_path / "no/dir/a.hdf5")]) == 2
+
+
+def test_failed_seeds_are_recorded_and_never_retried(tmp_path, capsys):
+    """With heavy action noise the Stack expert fails: the seeds are recorded, the cap stops the run
+    with a clear message and a non-zero exit, and --resume does not retry them."""
+    out = tmp_path / "fail.hdf5"
+    argv = ["--tasks", STACK, "--episodes-per-task", "1", "--noise", "3", "--max-attempts", "2"]
+    argv += ["--out", str(out), "--quiet", "--workers", "2"]
+    assert collect_main(argv) == 1
+    err = capsys.readouterr().err
+    assert "only 0/1 episodes after 2 attempts" in err and "--max-attempts" in err
+    parts = Path(f"{out}.parts")
+    markers = sorted(p.name for p in parts.glob("*.failed.json"))
+    assert markers == ["tabletop--Stack-v0__seed0.failed.json", "tabletop--Stack-v0__seed1.failed.json"]
+    assert not out.exists()  # no successful demo yet: no (empty) dataset is written
+    t0 = time.perf_counter()
+    assert collect_main([*argv, "--resume"]) == 1  # the cap is already used up: nothing is rerun
+    assert time.perf_counter() - t0 < 30
+    assert sorted(p.name for p in parts.glob("*.failed.json")) == markers
+
+
+def test_keep_failed_keeps_every_attempt(tmp_path):
+    out = tmp_path / "all.hdf5"
+    argv = ["--tasks", STACK, "--episodes-per-task", "2", "--noise", "3", "--keep-failed", "--out", str(out)]
+    assert collect_main([*argv, "--quiet", "--workers", "2"]) == 0
+    assert validate(out) == []
+    with open_dataset(out) as f:
+        metas = [demo_meta(f, n) for n in demo_names(f)]
+        assert [m["seed"] for m in metas] == [0, 1]
+        assert read_failed_seeds(f) == {}
+    assert not Path(f"{out}.parts").exists()
+
+
+def test_kill_9_mid_run_then_resume(tmp_path):
+    """kill -9 of the collector's process group while episodes are landing: the output is absent or
+    valid, and --resume completes the counts with no (task, seed) pair twice."""
+    out = tmp_path / "k.hdf5"
+    parts = Path(f"{out}.parts")
+    n = 10
+    cmd = [sys.executable, "-m", "vla.collect", "--tasks", f"{REACH},{PUSH}", "--episodes-per-task", str(n)]
+    cmd += ["--workers", "2", "--out", str(out), "--quiet", "--merge-every", "0.2"]
+    proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        deadline = time.monotonic() + 60
+        # wait for a merged output AND a finished part not yet merged into it: the worst moment
+        while not (out.exists() and any(parts.glob("*.hdf5"))):
+            assert proc.poll() is None, f"collector ended before the kill: {proc.stderr.read().decode()}"
+            assert time.monotonic() < deadline, "no episode landed within 60 s"
+            time.sleep(0.005)
+        os.killpg(proc.pid, signal.SIGKILL)
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+        proc.wait()
+    assert proc.returncode == -signal.SIGKILL
+    if out.exists():
+        assert validate(out) == []
+        assert len(pairs(out)) < 2 * n
+    assert collect_main([*cmd[3:], "--resume"]) == 0
+    assert validate(out) == []
+    got = pairs(out)
+    assert len(got) == len(set(got)) == 2 * n
+    for task in (REACH, PUSH):
+        assert sorted(s for t, s in got if t == task) == list(range(n))  # the experts succeed without noise
+    assert not parts.exists()
+    assert not list(tmp_path.glob("*.tmp-*"))
+
+
+# ------------------------------------------------------------------------------------ the format
+
+
+def _episode(task: str, seed: int, t: int = 5) -> Episode:
+    rng = np.random.default_rng(seed)
+    return Episode(
+        task=task,
+        seed=seed,
+        instruction=f"do {task} {seed}",
+        actions=rng.uniform(-1, 1, (t, 4)).astype(np.float32),
+        rewards=np.zeros(t, np.float32),
+        dones=np.eye(t, dtype=np.uint8)[-1],
+        states=rng.normal(size=(t, 7)),
+        obs={"image": rng.integers(0, 255, (t, 8, 8, 3), dtype=np.uint8), "proprio": rng.normal(size=(t, 3))},
+    )
+
+
+def test_robomimic_style_keys_are_readable_through_obskeys(tmp_path):
+    """A LIBERO/robomimic-style file: other observation names, no instruction/task/seed attrs."""
+    path = tmp_path / "robomimic.hdf5"
+    with h5py.File(path, "w") as f:
+        data = f.create_group("data")
+        data.attrs["env_args"] = json.dumps({"env_name": "Lift", "type": 1, "env_kwargs": {}})
+        data.attrs["problem_info"] = json.dumps({"language_instruction": "lift the cube"})
+        g = data.create_group("demo_0")
+        g.attrs["num_samples"] = 4
+        g["actions"] = np.zeros((4, 7), np.float64)
+        g["obs/agentview_image"] = np.ones((4, 16, 16, 3), np.uint8)
+        g["obs/robot0_eef_pos"] = np.arange(12, dtype=np.float64).reshape(4, 3)
+        g["obs/robot0_gripper_qpos"] = np.full((4, 2), 7.0)
+    keys = ObsKeys(image="agentview_image", proprio=("robot0_eef_pos", "robot0_gripper_qpos"))
+    with open_dataset(path) as f:
+        demo = read_demo(f, "demo_0", keys)
+    assert demo.proprio.shape == (4, 5) and demo.proprio.dtype == np.float32
+    assert demo.proprio[1].tolist() == [3, 4, 5, 7, 7]
+    assert demo.image.shape == (4, 16, 16, 3) and demo.actions.dtype == np.float32
+    assert demo.instruction == "lift the cube" and demo.task == "Lift" and demo.seed is None
+    with open_dataset(path) as f, pytest.raises(DatasetError, match="demo_0/obs has no 'proprio'"):
+        read_demo(f, "demo_0")  # our default keys: a clear message naming the missing key
+
+
+def test_write_read_roundtrip_and_stable_masks(tmp_path):
+    eps = [_episode(t, s) for t in ("a/A-v0", "a/B-v0") for s in range(10)]
+    path = tmp_path / "rt.hdf5"
+    write_dataset(path, {"type": "t", "tasks": ["a/A-v0", "a/B-v0"]}, eps, valid_fraction=0.2)
+    assert validate(path) == []
+    with open_dataset(path) as f:
+        assert read_env_args(f)["tasks"] == ["a/A-v0", "a/B-v0"]
+        d = read_demo(f, "demo_13")
+        valid = demo_names(f, "valid")
+    assert (d.task, d.seed, d.instruction) == ("a/B-v0", 3, "do a/B-v0 3")
+    np.testing.assert_array_equal(d.actions, eps[13].actions)
+    np.testing.assert_array_equal(d.image, eps[13].obs["image"])
+    assert len(valid) == 4  # 2 per task
+    # a demo's split depends on its (task, seed), not on its position
+    ids = [(f"x{i}", e.task, e.seed) for i, e in enumerate(reversed(eps))]
+    _, valid2 = split_masks(ids, 0.2)
+    assert {(t, s) for n, t, s in ids if n in valid2} == {(eps[int(n[5:])].task, eps[int(n[5:])].seed) for n in valid}
