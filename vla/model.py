@@ -85,7 +85,7 @@ class ModelConfig:
     n_cameras: int = 1  # cameras per step; each contributes (image_size / patch_size)^2 patch tokens
     patch_size: int = 16  # ViT patch side, pixels
     patch_embed: Literal["linear", "conv"] = "linear"  # pixels -> d_model: per-patch linear, or stride-conv stem
-    conv_channels: int = 32  # hidden channels of the conv stem (patch_embed="conv" only)
+    conv_channels: int = 16  # channels of the conv stem's first stage, doubling per stage (patch_embed="conv")
     proprio_dim: int = 9  # proprioceptive state size P (normalized floats), embedded as one token
     # instruction
     vocab_size: int = 512  # instruction vocabulary size (TextTokenizer.vocab_size), tokens
@@ -176,17 +176,21 @@ class PatchEmbed(nn.Module):
         if cfg.patch_embed == "linear":
             self.proj = nn.Linear(p * p * 3, d, bias=cfg.bias)
         else:
-            # stride-4 stages while the remaining factor allows, then stride 2; ends at the patch grid
-            layers, c_in, left = [], 3, p
-            while left > 1:
-                s = 4 if left % 4 == 0 else 2
-                left //= s
-                c_out = d if left == 1 else cfg.conv_channels
-                layers.append(nn.Conv2d(c_in, c_out, kernel_size=s, stride=s, bias=cfg.bias))
-                if left > 1:
+            # A small convolutional stem ("early convolutions help transformers see", Xiao et al. 2021):
+            # log2(p) overlapping 3x3 stride-2 stages, channels doubling from conv_channels, ending at
+            # d channels on the patch grid. Two coordinate channels (CoordConv) make a feature's position
+            # inside its patch explicit, which a 16-pixel patch otherwise has to learn from scratch.
+            layers, c_in, n = [], 3 + 2, p.bit_length() - 1
+            for i in range(n):
+                c_out = d if i == n - 1 else cfg.conv_channels * 2**i
+                layers.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=cfg.bias))
+                if i < n - 1:
                     layers.append(nn.GELU())
                 c_in = c_out
             self.proj = nn.Sequential(*layers)
+            axis = torch.linspace(-0.5, 0.5, cfg.image_size)
+            ys, xs = torch.meshgrid(axis, axis, indexing="ij")  # (H, W) each
+            self.register_buffer("coords", torch.stack([ys, xs]), persistent=False)  # (2, H, W)
         self.row = nn.Parameter(torch.zeros(g, d))
         self.col = nn.Parameter(torch.zeros(g, d))
         self.camera = nn.Parameter(torch.zeros(cfg.n_cameras, d))
@@ -210,7 +214,8 @@ class PatchEmbed(nn.Module):
             x = self.proj(x)  # (B, T, C, g*g, d)
         else:
             x = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
-            x = self.proj(x)  # (B*T*C, d, g, g)
+            coords = self.coords.to(x.dtype).expand(x.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
+            x = self.proj(torch.cat([x, coords], dim=1))  # (B*T*C, 5, H, W) -> (B*T*C, d, g, g)
             x = rearrange(x, "(b t c) d h w -> b t c (h w) d", b=B, t=T)  # (B, T, C, g*g, d)
         return x.flatten(2, 3)  # (B, T, C*g*g, d)
 

@@ -24,13 +24,11 @@ def _patch_embed_flops(cfg: ModelConfig) -> int:
     p, g, d = cfg.patch_size, cfg.grid, cfg.d_model
     if cfg.patch_embed == "linear":
         return cfg.n_cameras * g * g * 2 * (p * p * 3) * d
-    flops, c_in, side, left = 0, 3, cfg.image_size, p
-    while left > 1:
-        s = 4 if left % 4 == 0 else 2
-        left //= s
-        side //= s
-        c_out = d if left == 1 else cfg.conv_channels
-        flops += side * side * 2 * c_in * s * s * c_out
+    flops, c_in, side, n = 0, 3 + 2, cfg.image_size, p.bit_length() - 1  # the stem in vla.model.PatchEmbed
+    for i in range(n):
+        side = (side + 1) // 2
+        c_out = d if i == n - 1 else cfg.conv_channels * 2**i
+        flops += side * side * 2 * c_in * 9 * c_out
         c_in = c_out
     return cfg.n_cameras * flops
 
