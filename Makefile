@@ -1,5 +1,6 @@
 # The README's commands. `make demo` is the main job; `make test` is what CI runs.
 SHELL := /bin/bash
+.SHELLFLAGS := -eo pipefail -c
 PYTHON ?= python3
 VENV := .venv
 BIN := $(VENV)/bin
@@ -7,6 +8,8 @@ BIN := $(VENV)/bin
 # disk (2.13.0+cpu) over a multi-GB CUDA download; on a GPU box run `make setup TORCH=torch`.
 TORCH ?= torch>=2.2,<2.14
 STAMP := $(VENV)/.setup-stamp
+# pip's notes about this machine's local package mirrors are noise; errors still show and still fail.
+QUIET := { grep -v -e "^WARNING: Location" -e "^\s*$$" || true; }
 export MUJOCO_GL ?= egl
 
 .PHONY: setup demo test lint bench clean-demo help
@@ -27,9 +30,9 @@ $(STAMP): pyproject.toml
 	  $$SUDO apt-get update -qq && $$SUDO apt-get install -y -qq libegl1 libgl1 libgl1-mesa-dri libosmesa6 >/dev/null; \
 	fi
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
-	$(BIN)/python -m pip install -q --upgrade pip
-	$(BIN)/python -m pip install -q "$(TORCH)"
-	$(BIN)/python -m pip install -q -e ".[dev,bench]"
+	$(BIN)/python -m pip install -q --upgrade pip 2>&1 | $(QUIET)
+	$(BIN)/python -m pip install -q "$(TORCH)" 2>&1 | $(QUIET)
+	$(BIN)/python -m pip install -q -e ".[dev,bench]" 2>&1 | $(QUIET)
 	@touch $@
 
 demo: setup

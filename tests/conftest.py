@@ -30,3 +30,15 @@ def run_cli(*args, timeout=300, env=None):
         timeout=timeout,
         env={**os.environ, **(env or {})},
     )
+
+
+@pytest.fixture(scope="session")
+def tiny_checkpoint(tiny_dataset, tmp_path_factory):
+    """A real (tiny, briefly trained) checkpoint directory made by vla-train from `tiny_dataset`."""
+    from vla.train import main as train_main
+
+    out = tmp_path_factory.mktemp("ckpt") / "tiny"
+    code = train_main(["--config", "configs/tiny.yaml", "--data", str(tiny_dataset), "--out", str(out),
+                       "train.steps=20", "train.log_every=10"])  # fmt: skip
+    assert code == 0
+    return out

@@ -1,0 +1,186 @@
+"""Training windows: K consecutive control steps of a demo, tokenized for the model.
+
+A sample is the window that ends at step t of a demo: steps max(0, t-K+1) .. t, left-padded to K at
+the start of an episode (padding steps are masked, exactly as the policy's cache is only partly
+full in an episode's first K steps). Every step of the window carries its targets: the actions
+t' .. t'+chunk-1 (the last action repeats past the end of the demo).
+
+The HDF5 file is opened lazily, once per DataLoader worker (h5py handles do not survive fork).
+With `preload=True` the frames are decoded once into memory instead; on a small CPU dataset that
+keeps the two cores for training rather than for gzip.
+"""
+
+from __future__ import annotations
+
+import os
+from dataclasses import dataclass
+
+import numpy as np
+import torch
+from torch.utils.data import Dataset
+
+from vla.hdf5_format import DatasetError, ObsKeys, demo_meta, demo_names, open_dataset, read_demo
+from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
+
+
+@dataclass
+class Tokenizers:
+    """Everything that turns raw observations/actions into model inputs; saved with a checkpoint."""
+
+    text: TextTokenizer
+    action: ActionTokenizer
+    proprio: ProprioNormalizer
+
+    def to_dict(self) -> dict:
+        return {
+            "text": self.text.to_dict(),
+            "action": self.action.to_dict(),
+            "proprio": self.proprio.to_dict(),
+        }
+
+    @classmethod
+    def from_dict(cls, d: dict) -> Tokenizers:
+        return cls(
+            text=TextTokenizer.from_dict(d["text"]),
+            action=ActionTokenizer.from_dict(d["action"]),
+            proprio=ProprioNormalizer.from_dict(d["proprio"]),
+        )
+
+
+def fit_tokenizers(
+    path: str | os.PathLike, split: str, keys: ObsKeys, action_bins: int, action_mode: str
+) -> Tokenizers:
+    """Fit the text vocabulary, action bins and proprio statistics on one split (no images read)."""
+    instructions, actions, proprio = [], [], []
+    with open_dataset(path) as f:
+        names = demo_names(f, split)
+        if not names:
+            raise DatasetError(f"{path}: mask/{split} is empty; nothing to train on")
+        for name in names:
+            demo = read_demo(f, name, keys, images=False)
+            instructions.append(demo.instruction)
+            actions.append(demo.actions)
+            proprio.append(demo.proprio)
+    acts = np.concatenate(actions)
+    if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
+        raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
+    return Tokenizers(
+        text=TextTokenizer.fit(instructions),
+        action=ActionTokenizer(bins=action_bins, mode=action_mode).fit(acts),
+        proprio=ProprioNormalizer.fit(np.concatenate(proprio)),
+    )
+
+
+class WindowDataset(Dataset):
+    """Windows of K steps over the demos of one split; item -> dict of tensors (see `__getitem__`)."""
+
+    def __init__(
+        self,
+        path: str | os.PathLike,
+        split: str,
+        tokenizers: Tokenizers,
+        window: int,
+        chunk: int,
+        instruction_len: int,
+        keys: ObsKeys | None = None,
+        preload: bool = False,
+    ):
+        keys = keys or ObsKeys()
+        self.path, self.split, self.keys = str(path), split, keys
+        self.tok, self.window, self.chunk, self.instruction_len = tokenizers, window, chunk, instruction_len
+        self._file = None
+        self._pid = None
+        with open_dataset(path) as f:
+            self.names = demo_names(f, split)
+            metas = [demo_meta(f, n, keys) for n in self.names]
+            # Actions, proprio and instructions are small: tokenize them all once, up front.
+            self.actions, self.proprio, self.instructions = [], [], []
+            for name in self.names:
+                demo = read_demo(f, name, keys, images=False)
+                self.actions.append(self._action_targets(demo.actions))
+                self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
+                self.instructions.append(
+                    np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
+                )
+            self.images = [read_demo(f, n, keys).image for n in self.names] if preload else None
+        self.tasks = [m["task"] for m in metas]
+        lengths = [m["num_samples"] for m in metas]
+        # (demo index, last step of the window) for every step of every demo.
+        self.index = np.array([(d, t) for d, n in enumerate(lengths) for t in range(n)], dtype=np.int64)
+        if len(self.index) == 0:
+            raise DatasetError(f"{path}: split '{split}' has no steps")
+
+    def _action_targets(self, actions: np.ndarray) -> np.ndarray:
+        """(T, chunk * A) int64: tokens of actions t .. t+chunk-1, chunk-major, last action repeated."""
+        tokens = np.asarray(self.tok.action.encode(actions), dtype=np.int64)  # (T, A)
+        T = len(tokens)
+        future = np.minimum(np.arange(T)[:, None] + np.arange(self.chunk)[None, :], T - 1)  # (T, chunk)
+        return tokens[future].reshape(T, -1)  # (T, chunk, A) -> (T, chunk * A)
+
+    def __len__(self) -> int:
+        return len(self.index)
+
+    def _frames(self, d: int, start: int, stop: int) -> np.ndarray:
+        if self.images is not None:
+            return self.images[d][start:stop]
+        if self._file is None or self._pid != os.getpid():  # first use in this worker process
+            self._file, self._pid = open_dataset(self.path), os.getpid()
+        return self._file["data"][self.names[d]]["obs"][self.keys.image][start:stop]
+
+    def __getitem__(self, i: int) -> dict:
+        d, t = (int(v) for v in self.index[i])
+        K = self.window
+        start = max(0, t - K + 1)
+        n = t - start + 1  # real steps; the first K - n slots are padding
+        pad = K - n
+        frames = self._frames(d, start, t + 1)  # (n, H, W, 3)
+        image = np.zeros((K, 1, *frames.shape[1:]), dtype=np.uint8)  # (K, n_cam=1, H, W, 3)
+        image[pad:, 0] = frames
+        proprio = np.zeros((K, self.proprio[d].shape[1]), dtype=np.float32)
+        proprio[pad:] = self.proprio[d][start : t + 1]
+        actions = np.zeros((K, self.actions[d].shape[1]), dtype=np.int64)
+        actions[pad:] = self.actions[d][start : t + 1]
+        timestep = np.arange(t - K + 1, t + 1, dtype=np.int64).clip(min=0)  # episode step index
+        step_mask = np.arange(K) >= pad
+        return {
+            "instruction": torch.from_numpy(self.instructions[d]),
+            "image": torch.from_numpy(image),
+            "proprio": torch.from_numpy(proprio),
+            "timestep": torch.from_numpy(timestep),
+            "step_mask": torch.from_numpy(step_mask),
+            "actions": torch.from_numpy(actions),
+            "demo": torch.tensor(d),
+        }
+
+    def __getstate__(self):
+        state = self.__dict__.copy()
+        state["_file"] = None  # never ship an open h5py handle to a worker
+        return state
+
+
+class EpochSampler(torch.utils.data.Sampler):
+    """Deterministic shuffled order, sharded across ranks, resumable at any batch.
+
+    The order of epoch e is a permutation drawn from (seed, e); rank r takes every world-th index.
+    Resuming at global step s skips the first s * batch_size indices of this rank's stream, so an
+    interrupted run sees exactly the batches an uninterrupted one would.
+    """
+
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world: int = 1, start_step: int = 0):
+        self.n, self.batch_size, self.seed, self.rank, self.world = n, batch_size, seed, rank, world
+        self.start_step = start_step
+        self.per_rank = n // world  # equal shards so DDP ranks stay in lock step
+
+    def _epoch(self, epoch: int) -> np.ndarray:
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
+        return order[self.rank : self.per_rank * self.world : self.world]
+
+    def __iter__(self):
+        skip = self.start_step * self.batch_size
+        epoch, offset = divmod(skip, self.per_rank)
+        while True:  # infinite: the trainer counts steps, not epochs
+            yield from (int(i) for i in self._epoch(epoch)[offset:])
+            epoch, offset = epoch + 1, 0
+
+    def __len__(self) -> int:  # DataLoader asks; the stream itself never ends
+        return self.per_rank

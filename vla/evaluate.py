@@ -1,0 +1,298 @@
+"""Closed-loop evaluation: `vla-eval --checkpoint DIR --episodes-per-task N --json FILE`.
+
+Runs the policy on every task it was trained on, with seeds it has not seen (`--seed`, default
+100000, far from the collector's), and reports the success rate per task with a Wilson 95% interval,
+the mean episode length, and the overall rate, as a table and as JSON:
+    {"tasks": {ID: {"success_rate", "episodes", "ci95": [lo, hi], "mean_length"}},
+     "overall": {"success_rate", "episodes", "ci95"}}
+`--instructions` probes language grounding: "swap_colour" names a distractor block instead of the
+target, "other_task" gives the instruction of another task in the same scene; a policy that reads
+the instruction should then fail.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import math
+import os
+import sys
+import time
+from pathlib import Path
+
+import numpy as np
+
+from vla import cli
+
+EVAL_SEED = 100_000  # first evaluation seed; the collector counts up from its own (small) seeds
+
+
+def wilson_interval(successes: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Wilson score interval for a binomial proportion (sound at 0% and 100%, unlike p ± z·se)."""
+    if n == 0:
+        return (0.0, 1.0)
+    p = successes / n
+    denom = 1 + z * z / n
+    centre = (p + z * z / (2 * n)) / denom
+    half = z * math.sqrt(p * (1 - p) / n + z * z / (4 * n * n)) / denom
+    return (max(0.0, centre - half), min(1.0, centre + half))
+
+
+def summarize(outcomes: dict[str, list[dict]]) -> dict:
+    """Per-task and overall success rates with Wilson intervals, from per-episode outcomes."""
+    tasks = {}
+    for task, eps in outcomes.items():
+        wins = sum(e["success"] for e in eps)
+        tasks[task] = {
+            "success_rate": wins / max(len(eps), 1),
+            "episodes": len(eps),
+            "ci95": list(wilson_interval(wins, len(eps))),
+            "mean_length": float(np.mean([e["length"] for e in eps])) if eps else 0.0,
+        }
+    wins = sum(e["success"] for eps in outcomes.values() for e in eps)
+    n = sum(len(eps) for eps in outcomes.values())
+    overall = {"success_rate": wins / max(n, 1), "episodes": n, "ci95": list(wilson_interval(wins, n))}
+    return {"tasks": tasks, "overall": overall}
+
+
+def probe_instruction(env, mode: str, rng: np.random.Generator) -> str:
+    """The instruction a grounding probe gives instead of the episode's own (see module doc)."""
+    from envs.tasks.base import PALETTE
+
+    base = env.unwrapped
+    layout, own = base.layout, base.instruction
+    if mode == "swap_colour":
+        target = layout.block_colours[layout.roles["block"]]
+        others = [c for i, c in enumerate(layout.block_colours) if c != target and i not in layout.roles.values()]
+        others = others or [c for c in layout.block_colours if c != target] or [c for c in PALETTE if c != target]
+        return own.replace(f"{target} block", f"{others[rng.integers(len(others))]} block", 1)
+    if mode == "other_task":
+        from envs.tabletop_env import TASK_CLASSES
+
+        names = [n for n in TASK_CLASSES if n != base.task_name]
+        other = TASK_CLASSES[names[rng.integers(len(names))]]()
+        block = layout.block_colours[layout.roles["block"]]
+        words = {
+            "block": block,
+            "target": layout.target_colours[0],
+            "base": next(c for c in layout.block_colours if c != block),
+        }
+        return other.phrase(rng, **words)
+    raise ValueError(f"unknown instruction probe {mode!r}")
+
+
+def run_episode(env, policy, seed: int, instructions: str = "own", record: bool = False) -> dict:
+    """One closed-loop episode; returns success, length, and the frames if `record`."""
+    obs, info = env.reset(seed=seed)
+    instruction = obs["instruction"]
+    if instructions != "own":
+        instruction = probe_instruction(env, instructions, np.random.default_rng(seed))
+    policy.reset(instruction)
+    frames = [obs["image"]] if record else None
+    success, length = False, 0
+    for length in range(1, env.spec.max_episode_steps + 1):  # noqa: B007 - length is the result
+        obs, _, terminated, truncated, info = env.step(policy.act(obs))
+        if record:
+            frames.append(obs["image"])
+        if terminated or truncated:
+            break
+    success = bool(info["success"])
+    return {"success": success, "length": length, "instruction": instruction, "frames": frames}
+
+
+def save_video(path: str | Path, frames: list[np.ndarray], fps: int = 20, scale: int = 4) -> None:
+    import imageio.v2 as imageio
+
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    big = [np.kron(f, np.ones((scale, scale, 1), dtype=np.uint8)) for f in frames]
+    imageio.mimwrite(str(path), big, fps=fps, macro_block_size=1)
+
+
+def evaluate(
+    policy,
+    tasks: list[str],
+    episodes: int,
+    seed: int = EVAL_SEED,
+    instructions: str = "own",
+    video_dir: str | Path | None = None,
+    videos_per_task: int = 2,
+    image_size: int = 64,
+    progress: bool = True,
+) -> dict:
+    """Evaluate a loaded policy in this process; returns `summarize`'s dict plus per-episode detail."""
+    import gymnasium as gym
+    from tqdm import tqdm
+
+    import envs  # noqa: F401 - registers the tasks
+
+    outcomes: dict[str, list[dict]] = {}
+    bar = tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr)
+    for task in tasks:
+        env = gym.make(task, image_size=image_size)
+        outcomes[task] = []
+        for i in range(episodes):
+            record = video_dir is not None and i < videos_per_task
+            ep = run_episode(env, policy, seed + i, instructions, record)
+            if record:
+                name = f"{task.split('/')[-1]}_seed{seed + i}_{'success' if ep['success'] else 'fail'}.mp4"
+                save_video(Path(video_dir) / name, ep["frames"])
+            ep.pop("frames")
+            outcomes[task].append(ep)
+            bar.update(1)
+            rate = np.mean([e["success"] for e in outcomes[task]])
+            bar.set_postfix_str(f"{task.split('/')[-1]} {rate:.0%}")
+        env.close()
+    bar.close()
+    result = summarize(outcomes)
+    result["episodes_detail"] = {
+        t: [{k: e[k] for k in ("success", "length")} for e in eps] for t, eps in outcomes.items()
+    }
+    return result
+
+
+def _worker(job: tuple) -> tuple[str, list[dict]]:
+    checkpoint, task, seeds, instructions, image_size, video_dir, n_videos = job
+    import torch
+
+    torch.set_num_threads(1)
+    from vla.policy import load_policy
+
+    policy = load_policy(checkpoint, device="cpu")
+    import gymnasium as gym
+
+    import envs  # noqa: F401
+
+    env = gym.make(task, image_size=image_size)
+    eps = []
+    for k, s in enumerate(seeds):
+        record = video_dir is not None and k < n_videos
+        ep = run_episode(env, policy, s, instructions, record)
+        if record:
+            name = f"{task.split('/')[-1]}_seed{s}_{'success' if ep['success'] else 'fail'}.mp4"
+            save_video(Path(video_dir) / name, ep["frames"])
+        eps.append({"success": ep["success"], "length": ep["length"]})
+    env.close()
+    return task, eps
+
+
+def evaluate_parallel(checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers) -> dict:
+    """Split (task, seed) jobs over `workers` processes, each with its own policy copy."""
+    import multiprocessing as mp
+
+    from tqdm import tqdm
+
+    jobs = []
+    per_job = max(1, episodes // workers)
+    for task in tasks:
+        seeds = [seed + i for i in range(episodes)]
+        for k in range(0, episodes, per_job):
+            n_videos = 2 if k == 0 else 0
+            jobs.append((str(checkpoint), task, seeds[k : k + per_job], instructions, image_size, video_dir, n_videos))
+    outcomes: dict[str, list[dict]] = {t: [] for t in tasks}
+    with mp.get_context("spawn").Pool(workers) as pool:
+        for task, eps in tqdm(pool.imap_unordered(_worker, jobs), total=len(jobs), desc="eval", file=sys.stderr):
+            outcomes[task].extend(eps)
+    result = summarize(outcomes)
+    result["episodes_detail"] = outcomes
+    return result
+
+
+def format_table(result: dict, title: str = "") -> str:
+    lines = [title] if title else []
+    lines += ["| task | success | 95% CI | episodes | mean length |", "|---|---|---|---|---|"]
+    for task, r in result["tasks"].items():
+        lo, hi = r["ci95"]
+        cells = [
+            task,
+            f"{r['success_rate']:.0%}",
+            f"[{lo:.0%}, {hi:.0%}]",
+            str(r["episodes"]),
+            f"{r['mean_length']:.1f}",
+        ]
+        lines.append("| " + " | ".join(cells) + " |")
+    o = result["overall"]
+    lo, hi = o["ci95"]
+    lines.append(f"| **overall** | **{o['success_rate']:.0%}** | [{lo:.0%}, {hi:.0%}] | {o['episodes']} | |")
+    return "\n".join(lines)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vla-eval", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
+    parser.add_argument("--episodes-per-task", type=int, default=50, help="episodes per task (default 50)")
+    parser.add_argument("--json", help="write the results here")
+    parser.add_argument("--seed", type=int, default=EVAL_SEED, help=f"first seed (default {EVAL_SEED})")
+    parser.add_argument("--tasks", default="trained", help="'trained' (the checkpoint's tasks), 'all', or ids")
+    parser.add_argument("--video", help="write a few episodes per task as mp4 into this directory")
+    parser.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
+    parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
+    parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
+    parser.add_argument(
+        "--instructions",
+        choices=["own", "swap_colour", "other_task"],
+        default="own",
+        help="grounding probe: give each episode a wrong instruction (default: its own)",
+    )
+    parser.add_argument(
+        "--attention",
+        metavar="DIR",
+        help="save attention figures (first action token over image patches and words) for one episode per task",
+    )
+    parser.add_argument("--attention-steps", default="0,10,20", help="rollout steps to draw (default 0,10,20)")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    return cli.run("vla-eval", lambda: _run(args))
+
+
+def _run(args) -> int:
+    import envs
+    from vla.policy import load_policy
+
+    if args.episodes_per_task < 1:
+        raise ValueError("--episodes-per-task must be at least 1")
+    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+    trained = policy.meta.get("tasks") or envs.TASKS
+    if args.tasks == "trained":
+        tasks = list(trained)
+    elif args.tasks == "all":
+        tasks = list(envs.TASKS)
+    else:
+        tasks = [envs.task_id(t) for t in args.tasks.split(",")]
+    if args.attention:
+        from vla.attention import attention_rollout
+
+        steps = [int(s) for s in args.attention_steps.split(",") if s.strip()]
+        for task in tasks:
+            paths = attention_rollout(policy, task, args.seed, steps, args.attention)
+            print(f"{task}: {len(paths)} attention figures in {args.attention}")
+        if not args.json:
+            return 0  # figures only; pass --json to evaluate as well
+    image_size = policy.cfg.image_size
+    start = time.perf_counter()
+    if args.workers > 1:
+        result = evaluate_parallel(
+            args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
+            image_size, args.video, args.workers,
+        )  # fmt: skip
+    else:
+        result = evaluate(
+            policy,
+            tasks,
+            args.episodes_per_task,
+            args.seed,
+            args.instructions,
+            args.video,
+            image_size=image_size,
+        )
+    result["seconds"] = time.perf_counter() - start
+    result["instructions"] = args.instructions
+    result["checkpoint"] = str(args.checkpoint)
+    print(format_table(result, f"checkpoint {args.checkpoint}, instructions: {args.instructions}"))
+    if args.json:
+        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
+        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
