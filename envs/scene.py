@@ -49,9 +49,7 @@ class TabletopScene:
         self._mocap = m.body("ee_target").mocapid[0]
         self._target_mocap = [m.body(name).mocapid[0] for name in TARGETS]
         self._arm_qpos = np.array([m.jnt_qposadr[m.joint(j).id] for j in ARM_JOINTS])
-        self._finger_qpos = np.array(
-            [m.jnt_qposadr[m.joint(j).id] for j in ("j_finger_left", "j_finger_right")]
-        )
+        self._finger_qpos = np.array([m.jnt_qposadr[m.joint(j).id] for j in ("j_finger_left", "j_finger_right")])
         self._block_qpos = [m.jnt_qposadr[m.joint(b).id] for b in BLOCKS]
         self._bin_qpos = m.jnt_qposadr[m.joint("bin").id]
         self._block_body = [m.body(b).id for b in BLOCKS]

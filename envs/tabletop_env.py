@@ -45,9 +45,7 @@ class TabletopEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": sc.CONTROL_HZ}
 
-    def __init__(
-        self, task: str, image_size: int = 64, wrist_camera: bool = False, render_mode: str | None = None
-    ):
+    def __init__(self, task: str, image_size: int = 64, wrist_camera: bool = False, render_mode: str | None = None):
         if task not in TASK_CLASSES:
             raise ValueError(f"unknown task {task!r}; choose from {sorted(TASK_CLASSES)}")
         if not 16 <= image_size <= 640:
