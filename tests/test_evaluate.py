@@ -1,0 +1,128 @@
+"""vla-eval: Wilson interval maths, the summary's shape, and the CLI's JSON (DESIGN.md contract)."""
+
+import json
+import math
+
+import numpy as np
+import pytest
+
+import envs
+from tests.conftest import run_cli
+from vla.evaluate import format_table, main, summarize, wilson_interval
+
+
+def wilson_by_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
+    """Independent route: the p with (k/n - p)^2 = z^2 p (1 - p) / n, the roots of a quadratic in p."""
+    phat = k / n
+    a, b, c = 1 + z * z / n, -(2 * phat + z * z / n), phat * phat
+    lo, hi = sorted(np.roots([a, b, c]).real)
+    return max(0.0, lo), min(1.0, hi)
+
+
+@pytest.mark.parametrize(
+    "k, n, expected",
+    [
+        (0, 10, (0.0, 0.277540)),  # upper = z^2 / (n + z^2)
+        (10, 10, (0.722460, 1.0)),  # lower = n / (n + z^2)
+        (5, 10, (0.236590, 0.763410)),
+        (1, 1, (0.206543, 1.0)),  # lower = 1 / (1 + z^2)
+        (0, 50, (0.0, 0.071350)),  # z^2 / (n + z^2)
+    ],
+)
+def test_wilson_known_values(k, n, expected):
+    lo, hi = wilson_interval(k, n)
+    assert lo == pytest.approx(expected[0], abs=2e-5) and hi == pytest.approx(expected[1], abs=2e-5)
+
+
+@pytest.mark.parametrize("n", [1, 3, 10, 37, 200])
+def test_wilson_matches_the_score_test_inversion_and_contains_the_estimate(n):
+    for k in range(n + 1):
+        lo, hi = wilson_interval(k, n)
+        assert (lo, hi) == pytest.approx(wilson_by_roots(k, n), abs=1e-9)
+        assert 0.0 <= lo <= k / n <= hi <= 1.0
+    assert wilson_interval(0, n)[0] == 0.0 and wilson_interval(n, n)[1] == 1.0
+    # symmetric: k successes mirror n - k failures
+    lo, hi = wilson_interval(n // 3, n)
+    assert (1 - hi, 1 - lo) == pytest.approx(wilson_interval(n - n // 3, n))
+
+
+def test_wilson_narrows_with_more_episodes_and_handles_no_data():
+    widths = [np.subtract(*wilson_interval(n // 2, n)[::-1]) for n in (10, 40, 160)]
+    assert widths[0] > widths[1] > widths[2]
+    assert widths[1] == pytest.approx(widths[0] / 2, rel=0.15)  # ~ 1 / sqrt(n)
+    assert wilson_interval(0, 0) == (0.0, 1.0)
+    lo, hi = wilson_interval(5, 10, z=2.576)  # 99%: wider than 95%
+    assert hi - lo > np.subtract(*wilson_interval(5, 10)[::-1])
+
+
+def test_summarize_shape_and_numbers():
+    outcomes = {
+        "tabletop/Reach-v0": [{"success": True, "length": 10}, {"success": False, "length": 50}],
+        "tabletop/Push-v0": [{"success": True, "length": 30}] * 3,
+    }
+    result = summarize(outcomes)
+    assert set(result) == {"tasks", "overall"}
+    reach = result["tasks"]["tabletop/Reach-v0"]
+    assert set(reach) == {"success_rate", "episodes", "ci95", "mean_length"}
+    assert reach["success_rate"] == 0.5 and reach["episodes"] == 2 and reach["mean_length"] == 30.0
+    assert reach["ci95"] == pytest.approx(list(wilson_interval(1, 2)))
+    assert result["tasks"]["tabletop/Push-v0"]["ci95"][1] == 1.0
+    overall = result["overall"]
+    assert overall["success_rate"] == pytest.approx(4 / 5) and overall["episodes"] == 5
+    assert overall["ci95"] == pytest.approx(list(wilson_interval(4, 5)))
+    json.dumps(result)  # plain JSON types
+    table = format_table(result, "title")
+    assert "tabletop/Reach-v0" in table and "50%" in table and "**80%**" in table
+    assert summarize({"tabletop/Reach-v0": []})["tasks"]["tabletop/Reach-v0"]["success_rate"] == 0.0
+
+
+def check_contract(result: dict, tasks: list[str], episodes: int):
+    assert set(result["tasks"]) == set(tasks)
+    for r in result["tasks"].values():
+        assert r["episodes"] == episodes and 0.0 <= r["success_rate"] <= 1.0
+        lo, hi = r["ci95"]
+        assert 0.0 <= lo <= r["success_rate"] <= hi <= 1.0
+        assert r["mean_length"] >= 1
+    o = result["overall"]
+    assert o["episodes"] == episodes * len(tasks) and 0.0 <= o["success_rate"] <= 1.0
+    wins = sum(round(r["success_rate"] * r["episodes"]) for r in result["tasks"].values())
+    assert o["success_rate"] == pytest.approx(wins / o["episodes"])
+
+
+def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_path):
+    out, videos = tmp_path / "eval.json", tmp_path / "videos"
+    r = run_cli("vla.evaluate", "--checkpoint", tiny_checkpoint, "--episodes-per-task", 1, "--json", out,
+                "--seed", 7, "--video", videos)  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    result = json.loads(out.read_text())
+    trained = json.loads((tiny_checkpoint / "config.json").read_text())["tasks"]
+    check_contract(result, trained, 1)
+    assert sorted(trained) == sorted(envs.TASKS)
+    assert len(list(videos.glob("*.mp4"))) == len(trained)
+    assert "| task | success |" in r.stdout and "**overall**" in r.stdout
+
+
+def test_vla_eval_parallel_workers(tiny_checkpoint, tmp_path):
+    out = tmp_path / "eval.json"
+    assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "3", "--json", str(out),
+                 "--tasks", "reach", "--workers", "2"]) == 0  # fmt: skip
+    check_contract(json.loads(out.read_text()), ["tabletop/Reach-v0"], 3)
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["--episodes-per-task", "0"], "at least 1"),
+        (["--tasks", "fly"], "unknown task"),
+    ],
+)
+def test_vla_eval_bad_input_is_one_line_and_exit_2(tiny_checkpoint, capsys, args, message):
+    assert main(["--checkpoint", str(tiny_checkpoint), *args]) == 2
+    err = capsys.readouterr().err.strip()
+    assert message in err and len(err.splitlines()) == 1, err
+
+
+def test_vla_eval_missing_checkpoint(tmp_path, capsys):
+    assert main(["--checkpoint", str(tmp_path / "none"), "--episodes-per-task", "1"]) == 2
+    assert "not a checkpoint directory" in capsys.readouterr().err
+    assert math.isfinite(wilson_interval(3, 7)[0])

@@ -1,0 +1,124 @@
+"""The Policy API users drive a robot with: streaming equals recomputation, input checks, clear errors."""
+
+import json
+
+import gymnasium as gym
+import numpy as np
+import pytest
+import torch
+
+import envs  # noqa: F401 - registers the tasks
+from vla import load_policy
+from vla.checkpoint import CheckpointError
+
+
+@pytest.fixture(scope="module")
+def policies(tiny_checkpoint):
+    return load_policy(tiny_checkpoint, device="cpu", kv_cache=True), load_policy(
+        tiny_checkpoint, device="cpu", kv_cache=False
+    )
+
+
+@pytest.fixture(scope="module")
+def obs():
+    env = gym.make("tabletop/Push-v0", image_size=64)
+    first, _ = env.reset(seed=1)
+    env.close()
+    return first
+
+
+@pytest.mark.parametrize("task", ["tabletop/PickPlace-v0", "tabletop/Reach-v0"])
+def test_cached_and_uncached_give_identical_actions_over_whole_episodes(policies, task):
+    cached, uncached = policies
+    env = gym.make(task, image_size=cached.cfg.image_size)
+    steps = 0
+    for seed in (5, 6):  # two episodes: reset must forget the first
+        obs, _ = env.reset(seed=seed)
+        cached.reset(obs["instruction"])
+        uncached.reset(obs["instruction"])
+        done = False
+        while not done:
+            a, b = cached.act_chunk(obs), uncached.act_chunk(obs)
+            np.testing.assert_array_equal(a, b, err_msg=f"{task} seed {seed} step {cached.t}")
+            assert a.shape == (cached.chunk, cached.action_dim) and a.dtype == np.float32
+            assert all(env.action_space.contains(row) for row in a)
+            obs, _, terminated, truncated, _ = env.step(a[0])
+            done = terminated or truncated
+            steps += 1
+    env.close()
+    assert steps > 2 * cached.cfg.window  # the window slid many times
+
+
+def test_act_returns_an_action_inside_the_action_space(policies, obs):
+    policy = policies[0]
+    policy.reset(obs["instruction"])
+    a = policy.act(obs)
+    assert a.shape == (4,) and a.dtype == np.float32
+    assert gym.spaces.Box(-1.0, 1.0, (4,), np.float32).contains(a)
+
+
+def test_extra_observation_keys_are_ignored(policies, obs):
+    policy = policies[0]
+    policy.reset(obs["instruction"])
+    plain = policy.act_chunk(obs)
+    policy.reset(obs["instruction"])
+    extra = {**obs, "wrist_image": np.zeros((5, 5, 3), np.uint8), "depth": np.ones(3), "note": None}
+    np.testing.assert_array_equal(policy.act_chunk(extra), plain)
+
+
+@pytest.mark.parametrize(
+    "change, error, message",
+    [
+        (lambda o: o.pop("image"), KeyError, "missing 'image'"),
+        (lambda o: o.pop("proprio"), KeyError, "missing 'proprio'"),
+        (lambda o: o.update(image=o["image"][:32]), ValueError, r"obs\['image'\] must be uint8 \(64, 64, 3\)"),
+        (lambda o: o.update(image=o["image"].astype(np.float32)), ValueError, "must be uint8"),
+        (lambda o: o.update(proprio=o["proprio"][:5]), ValueError, r"obs\['proprio'\] must have shape \(9,\)"),
+        (lambda o: o.update(proprio=np.full(9, np.nan)), ValueError, "NaN"),
+    ],
+)
+def test_missing_or_misshaped_observation_is_a_clear_error(policies, obs, change, error, message):
+    policy = policies[0]
+    policy.reset(obs["instruction"])
+    bad = dict(obs)
+    change(bad)
+    with pytest.raises(error, match=message):
+        policy.act(bad)
+    with pytest.raises(TypeError, match="dict"):
+        policy.act([obs["image"]])
+
+
+def test_act_before_reset_and_empty_instruction_are_errors(tiny_checkpoint, obs):
+    policy = load_policy(tiny_checkpoint, device="cpu")
+    with pytest.raises(RuntimeError, match="reset"):
+        policy.act(obs)
+    with pytest.raises(ValueError, match="instruction"):
+        policy.reset("  ")
+    policy.reset("an instruction with zxqv unseen words")  # byte fallback, no crash
+    assert policy.act(obs).shape == (4,)
+
+
+def test_load_policy_on_a_non_checkpoint_is_a_clear_error(tmp_path, tiny_checkpoint):
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        load_policy(tmp_path)
+    with pytest.raises(CheckpointError, match="not a checkpoint directory"):
+        load_policy(tmp_path / "missing")
+    (tmp_path / "config.json").write_text("{not json")
+    with pytest.raises(CheckpointError, match="not valid JSON"):
+        load_policy(tmp_path)
+    (tmp_path / "config.json").write_text(json.dumps({"format": "something-else"}))
+    with pytest.raises(CheckpointError, match="not a vla checkpoint"):
+        load_policy(tmp_path)
+    meta = json.loads((tiny_checkpoint / "config.json").read_text())
+    (tmp_path / "config.json").write_text(json.dumps(meta))
+    with pytest.raises(CheckpointError, match="no model.safetensors"):
+        load_policy(tmp_path)
+    (tmp_path / "model.safetensors").write_bytes(b"garbage")
+    with pytest.raises(CheckpointError, match="cannot read weights"):
+        load_policy(tmp_path)
+
+
+@pytest.mark.skipif(torch.cuda.is_available(), reason="a CUDA device is present")
+def test_asking_for_cuda_without_one_is_a_clear_error(tiny_checkpoint):
+    with pytest.raises(ValueError, match="no CUDA device"):
+        load_policy(tiny_checkpoint, device="cuda")

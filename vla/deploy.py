@@ -1,0 +1,213 @@
+"""Real-time deployment: `vla-deploy --checkpoint DIR --task ID --hz H --budget-ms B --seconds T --json FILE`.
+
+Runs one episode of the fixed-rate controller (`vla.controller`) on the simulated robot
+(`vla.robot.SimRobot`, whose physics follows the wall clock, so the arm keeps moving while the
+policy thinks) and reports control-step latency p50/p95/p99/max, deadline misses, fallbacks, guard
+interventions, whether a safe stop happened, and success, as JSON plus a latency histogram PNG
+beside it (same stem). The episode ends after --seconds or on success ("end_reason" says which).
+
+Exit status: 0 when the episode ran to its end (success or not), 3 after a safe stop (too many
+consecutive deadline misses), 2 for bad input.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import sys
+from pathlib import Path
+
+from vla import cli
+
+SAFE_STOP_EXIT = 3
+
+
+def parse_latency(text: str) -> tuple[float, float]:
+    """'X' or 'X:JITTER' (ms) -> (X, JITTER)."""
+    try:
+        parts = [float(p) for p in text.split(":")]
+    except ValueError:
+        parts = []
+    if len(parts) not in (1, 2) or any(p < 0 or p != p for p in parts):
+        raise argparse.ArgumentTypeError(f"expected X or X:JITTER in ms (non-negative numbers), got {text!r}")
+    return parts[0], parts[1] if len(parts) == 2 else 0.0
+
+
+def save_histogram(path: str | Path, latency_ms: list[float], budget_ms: float, title: str = "") -> None:
+    """Histogram of per-tick latency with the budget and p50/p99 marked (matplotlib Agg)."""
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+    import numpy as np
+
+    fig, ax = plt.subplots(figsize=(7, 4), dpi=100)
+    if latency_ms:
+        values = np.asarray(latency_ms)
+        hi = max(float(values.max()), budget_ms) * 1.05
+        ax.hist(values, bins=np.linspace(0, hi, 60), color="tab:blue", alpha=0.8, label=f"{len(values)} ticks")
+        p50, p99 = np.percentile(values, [50, 99])
+        ax.axvline(p50, color="tab:green", linestyle="--", label=f"p50 {p50:.2f} ms")
+        ax.axvline(p99, color="tab:orange", linestyle="--", label=f"p99 {p99:.2f} ms")
+    ax.axvline(budget_ms, color="tab:red", linewidth=2, label=f"budget {budget_ms:g} ms")
+    ax.set_xlabel("control-step latency (tick start -> action sent), ms")
+    ax.set_ylabel("ticks")
+    ax.set_title(title, fontsize=9)
+    ax.legend(loc="upper right")
+    fig.tight_layout()
+    Path(path).parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(path)
+    plt.close(fig)
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vla-deploy",
+        description="Run a policy in a fixed-rate real-time loop under a latency budget on the simulated robot.",
+        epilog=__doc__.split("\n\n")[-1],
+    )
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
+    parser.add_argument("--task", required=True, help="task id or short name, e.g. tabletop/Reach-v0 or reach")
+    parser.add_argument("--hz", type=float, default=20.0, help="control rate, ticks per second (default 20)")
+    parser.add_argument("--budget-ms", type=float, default=50.0, help="deadline per decision, ms (default 50)")
+    parser.add_argument("--seconds", type=float, default=10.0, help="episode length, wall-clock s (default 10)")
+    parser.add_argument("--json", required=True, help="write the report here (and the histogram beside it, .png)")
+    parser.add_argument(
+        "--inject-latency-ms",
+        type=parse_latency,
+        default=(0.0, 0.0),
+        metavar="X[:JITTER]",
+        help="add X ms (uniform +- JITTER) to every inference, for testing",
+    )
+    parser.add_argument("--seed", type=int, default=0, help="episode seed: scene layout and jitter (default 0)")
+    parser.add_argument(
+        "--max-consecutive-misses",
+        type=int,
+        default=5,
+        metavar="N",
+        help="safe stop after N deadline misses in a row (default 5; 0 = never)",
+    )
+    parser.add_argument(
+        "--max-delta",
+        type=float,
+        default=1.0,
+        metavar="D",
+        help="largest change per tick of each motion dim, action units (default 1.0; 0 = no limit)",
+    )
+    parser.add_argument("--limit-gripper", action="store_true", help="rate-limit the gripper dim too")
+    parser.add_argument(
+        "--async", dest="async_inference", action="store_true", help="infer the next chunk in a worker thread"
+    )
+    parser.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window every tick")
+    parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        help="torch intra-op threads (default on CPU: 1; more threads spin against the control loop "
+        "and anything else on the cores, and a small model's step gains little from them)",
+    )
+    parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
+    args = parser.parse_args(argv)
+    os.environ.setdefault("MUJOCO_GL", "egl")
+    return cli.run("vla-deploy", lambda: _run(args))
+
+
+def _run(args) -> int:
+    from vla.controller import ControllerConfig
+
+    latency, jitter = args.inject_latency_ms
+    if args.max_delta < 0:
+        raise ValueError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
+    if args.threads is not None and args.threads < 1:
+        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+    config = ControllerConfig(  # validates hz, budget, seconds, misses before anything heavy loads
+        hz=args.hz,
+        budget_ms=args.budget_ms,
+        seconds=args.seconds,
+        max_consecutive_misses=args.max_consecutive_misses,
+        async_inference=args.async_inference,
+        inject_latency_ms=latency,
+        inject_jitter_ms=jitter,
+        seed=args.seed,
+    )
+    import envs
+
+    task = envs.task_id(args.task)
+    import gymnasium as gym
+    import torch
+
+    from vla.controller import ActionGuard, Controller
+    from vla.policy import load_policy
+    from vla.robot import SimRobot
+
+    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+    if args.threads is not None or policy.device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    robot = SimRobot(gym.make(task, image_size=policy.cfg.image_size), seed=args.seed)
+    guard = ActionGuard.from_robot(robot, max_delta=args.max_delta or None, limit_gripper=args.limit_gripper)
+    try:
+        result = Controller(policy, robot, config, guard).run()
+    finally:
+        robot.close()
+
+    report = {
+        "checkpoint": str(args.checkpoint),
+        "task": task,
+        "seed": args.seed,
+        "hz": args.hz,
+        "period_ms": 1e3 / args.hz,
+        "budget_ms": args.budget_ms,
+        "seconds": args.seconds,
+        "async": args.async_inference,
+        "kv_cache": not args.no_kv_cache,
+        "device": str(policy.device),
+        "torch_threads": torch.get_num_threads(),
+        "inject_latency_ms": {"mean": latency, "jitter": jitter},
+        "max_consecutive_misses": args.max_consecutive_misses,
+        "max_delta": args.max_delta or None,
+        "limit_gripper": args.limit_gripper,
+        "sim_time_s": robot.sim_time,
+        **result.summary(),
+    }
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    title = (
+        f"{task} at {args.hz:g} Hz, {'async' if args.async_inference else 'sync'}, "
+        f"{Path(args.checkpoint).name}, injected {latency:g}±{jitter:g} ms"
+    )
+    save_histogram(png, result.latency_ms, args.budget_ms, title)
+    if not args.quiet:
+        print(format_summary(report, out, png))
+    return SAFE_STOP_EXIT if result.safe_stop else 0
+
+
+def format_summary(r: dict, json_path: Path, png: Path) -> str:
+    lat, inf = r["latency_ms"], r["inference_ms"]
+
+    def ms(d: dict, key: str) -> str:
+        return "-" if d[key] is None else f"{d[key]:.2f}"
+
+    g = r["guard"]
+    return "\n".join(
+        [
+            f'{r["task"]} "{r["instruction"]}": {r["steps"]} ticks at {r["hz"]:g} Hz, budget {r["budget_ms"]:g} ms, '
+            f"{'async' if r['async'] else 'sync'} inference",
+            f"  control-step latency ms: p50 {ms(lat, 'p50')}  p95 {ms(lat, 'p95')}  p99 {ms(lat, 'p99')}  "
+            f"max {ms(lat, 'max')}   (inference p50 {ms(inf, 'p50')}, p99 {ms(inf, 'p99')})",
+            f"  deadline misses {r['deadline_misses']}, fallbacks {r['fallbacks']} "
+            f"(chunk {r['fallback_kinds']['chunk']}, hold {r['fallback_kinds']['hold']}), "
+            f"skipped ticks {r['skipped_ticks']}",
+            f"  guard: nonfinite {g['nonfinite']}, clamped {g['clamped']}, rate-limited {g['rate_limited']}",
+            f"  end: {r['end_reason']} after {r['elapsed_s']:.2f} s, success {r['success']}, "
+            f"safe stop {r['safe_stop']}",
+            f"  wrote {json_path} and {png}",
+        ]
+    )
+
+
+if __name__ == "__main__":
+    sys.exit(main())
