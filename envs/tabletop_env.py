@@ -38,7 +38,9 @@ class TabletopEnv(gym.Env):
         (so at most 0.4 m/s per axis); a[3] commands the gripper: -1 fully open ... +1 closed.
     Reward: the sum of the task's dense shaped terms (reported one by one in `info`), plus 10 on success.
     Episodes terminate on success and are truncated at the task's `max_episode_steps` (TimeLimit).
-    info: "success" (bool), "task" (str), "is_grasped"-style terms from the task, and "instruction".
+    info: "success" (bool), "task" (str), "instruction", the task's reward terms ("reward_*"), and
+        "object": float32 (6,), the named block's xyz and its goal's xyz (privileged state: datasets
+        record it for auxiliary training losses; policies never see it).
     Every reset draws colours (from a palette of 6), positions and yaw of three blocks, two target
     zones and a bin, so the instruction is needed to know which object and which task is meant.
     """
@@ -123,6 +125,7 @@ class TabletopEnv(gym.Env):
         terms = self.task.reward_terms(self.scene, self.layout)
         info = {f"reward_{k}": v for k, v in terms.items()}
         info.update(success=bool(success), task=self.task_name, instruction=self.instruction)
+        info["object"] = self.task.key_positions(self.scene, self.layout)
         return info
 
     # Exact replay: the full physics state; colours and roles come from the reset seed.

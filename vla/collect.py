@@ -86,12 +86,16 @@ def rollout(env, expert, task: str, seed: int) -> Episode:
     instruction = obs["instruction"]
     keys = [k for k in obs if k != "instruction"]
     frames: dict[str, list[np.ndarray]] = {k: [] for k in keys}
+    if "object" in info:  # privileged object state, robomimic's obs/object: auxiliary training targets
+        frames["object"] = []
     states, actions, rewards = [], [], []
     success = False
     while True:
         states.append(base.get_state())
         for k in keys:
             frames[k].append(obs[k])
+        if "object" in frames:
+            frames["object"].append(np.asarray(info["object"], dtype=np.float32))
         action = np.clip(np.asarray(expert.act(obs), dtype=np.float32), -1.0, 1.0)
         obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)

@@ -115,6 +115,15 @@ class Task:
     def reward_terms(self, scene: sc.TabletopScene, layout: Layout) -> dict[str, float]:
         raise NotImplementedError
 
+    def goal_position(self, scene: sc.TabletopScene, layout: Layout) -> np.ndarray:
+        """Where the named object must go (metres); for reach, the object itself."""
+        raise NotImplementedError
+
+    def key_positions(self, scene: sc.TabletopScene, layout: Layout) -> np.ndarray:
+        """float32 (6,): the named block's xyz and its goal's xyz. Privileged: for datasets, not policies."""
+        block = scene.block_pos(layout.roles["block"])
+        return np.concatenate([block, self.goal_position(scene, layout)]).astype(np.float32)
+
     def phrase(self, rng: np.random.Generator, **words: str) -> str:
         return self.templates[rng.integers(len(self.templates))].format(**words)
 

@@ -33,6 +33,9 @@ class PickPlace(Task):
         i = layout.roles["block"]
         return block_in_bin(scene, i) and not scene.fingers_touch_block(i)
 
+    def goal_position(self, scene, layout):
+        return scene.bin_pos()
+
     def reward_terms(self, scene, layout):
         i = layout.roles["block"]
         block = scene.block_pos(i)

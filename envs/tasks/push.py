@@ -57,6 +57,9 @@ class Push(Task):
     def success(self, scene, layout):
         return bool(self._error(scene, layout) < SUCCESS_M)
 
+    def goal_position(self, scene, layout):
+        return scene.target_pos(layout.roles["target"])
+
     def reward_terms(self, scene, layout):
         block = scene.block_pos(layout.roles["block"])
         behind_dist = np.linalg.norm(scene.ee_pos[:2] - block[:2]) - BEHIND_M

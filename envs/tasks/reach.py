@@ -35,6 +35,9 @@ class Reach(Task):
     def reward_terms(self, scene, layout):
         return {"reach_dist": -float(np.linalg.norm(scene.ee_pos - _goal(scene, layout)))}
 
+    def goal_position(self, scene, layout):
+        return _goal(scene, layout)
+
 
 class ReachExpert(Expert):
     def plan(self):

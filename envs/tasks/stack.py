@@ -37,6 +37,9 @@ class Stack(Task):
             and not scene.fingers_touch_block(layout.roles["block"])
         )
 
+    def goal_position(self, scene, layout):
+        return scene.block_pos(layout.roles["base"])
+
     def reward_terms(self, scene, layout):
         i = layout.roles["block"]
         top, base = scene.block_pos(i), scene.block_pos(layout.roles["base"])
