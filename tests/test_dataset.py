@@ -63,3 +63,16 @@ def test_random_shift_replicates_edges_and_keeps_steps_aligned():
         cols = (torch.arange(16) + dx[b] - 2).clamp(0, 15)
         assert torch.equal(out[b], image[b][:, :, rows][:, :, :, cols])  # same shift for every step
     assert torch.equal(random_shift(image, 0, torch.Generator()), image)
+
+
+def test_auxiliary_targets_are_the_recorded_object_positions(tiny_dataset, tokenizers):
+    ds = WindowDataset(tiny_dataset, "train", tokenizers, window=2, chunk=1, instruction_len=12, aux_key="object")
+    with open_dataset(tiny_dataset) as f:
+        recorded = f["data"][ds.names[0]]["obs"]["object"][()]  # (T, 6): named block xyz, goal xyz
+        ee = f["data"][ds.names[0]]["obs"]["proprio"][()][:, :3]  # (T, 3): the end effector
+    item = ds[1]
+    expected = 10.0 * (recorded[:2].reshape(2, 2, 3) - ee[:2, None, :]).reshape(2, 6)  # relative, in 10 cm
+    np.testing.assert_allclose(item["aux"].numpy(), expected, rtol=1e-5, atol=1e-6)
+    assert float(ds[0]["aux"][0].abs().sum()) == 0.0  # padding step
+    with pytest.raises(Exception, match="no 'nothing'"):
+        WindowDataset(tiny_dataset, "train", tokenizers, window=2, chunk=1, instruction_len=12, aux_key="nothing")

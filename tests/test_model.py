@@ -187,6 +187,42 @@ def test_cache_equivalence_conv_patches_two_cameras():
     assert max(diffs) <= 1e-4 and all(same)
 
 
+@pytest.mark.parametrize("decoding", ["autoregressive", "parallel"])
+@pytest.mark.parametrize("keypoints", [0, 4])
+def test_cache_equivalence_with_an_instruction_conditioned_stem(decoding, keypoints):
+    model = make_model(sharp=True, patch_embed="conv", film=True, keypoints=keypoints, action_decoding=decoding)
+    diffs, same = stream_vs_recompute(model, 3 * model.cfg.window)
+    assert max(diffs) <= 1e-4 and all(same)
+
+
+def test_keypoint_tokens_locate_and_train_through_the_auxiliary_loss():
+    model = make_model(patch_embed="conv", keypoints=4, film=True, aux_dim=6).train()
+    cfg = model.cfg
+    assert cfg.n_image_tokens == cfg.grid**2 + 4
+    batch = make_batch(cfg)
+    batch["aux"] = torch.randn(*batch["timestep"].shape, 6)
+    out = model(batch)
+    where = model.patch_embed.last_where  # (B*T*C, M, 2) soft-argmax coordinates in [-1, 1]
+    assert where.shape[1:] == (4, 2) and where.abs().max() <= 1.0
+    out["aux_loss"].backward()
+    grad = model.patch_embed.kp_convs[0].weight.grad
+    assert grad is not None and grad.abs().sum() > 0  # the localization signal reaches the keypoint net
+
+
+def test_film_stem_reads_the_instruction():
+    """With FiLM, the patch features themselves depend on the instruction (not only later attention)."""
+    model = make_model(patch_embed="conv", film=True)
+    for film in model.patch_embed.film:  # well away from the identity, so the effect is visible
+        torch.nn.init.normal_(film.weight, std=0.5)
+    batch = make_batch(model.cfg)
+    other = dict(batch, instruction=batch["instruction"].flip(0))
+    a = model.patch_embed(batch["image"], model.instruction_context(batch["instruction"]))
+    b = model.patch_embed(other["image"], model.instruction_context(other["instruction"]))
+    assert (a - b).abs().max() > 1e-3
+    with pytest.raises(ValueError, match="film=True needs patch_embed='conv'"):
+        tiny(film=True, patch_embed="linear")
+
+
 def test_stream_scope_is_exact_only_until_the_window_slides():
     """The plain causal mask: cached layer-2 keys remember evicted steps (why "step" is the default)."""
     model = make_model(causal_scope="stream")
@@ -305,7 +341,13 @@ def test_overfits_a_fixed_batch():
 
 @pytest.mark.parametrize(
     "kw",
-    [{}, {"patch_embed": "conv", "n_cameras": 2}, {"action_decoding": "parallel", "time_encoding": "learned"}],
+    [
+        {},
+        {"patch_embed": "conv", "n_cameras": 2},
+        {"patch_embed": "conv", "film": True, "aux_dim": 6},
+        {"patch_embed": "conv", "film": True, "keypoints": 4, "aux_dim": 6},
+        {"action_decoding": "parallel", "time_encoding": "learned"},
+    ],
 )
 def test_model_card_parameter_total(kw):
     cfg = tiny(**kw)

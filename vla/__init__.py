@@ -1,9 +1,7 @@
 """vla: a small decoder-only action-transformer toolkit for robot policies.
 
-    from vla import load_policy
-    policy = load_policy("runs/demo", device="cpu", kv_cache=True)
-    policy.reset("put the red block in the bowl")
-    action = policy.act(obs)
+A trained policy drives a robot with `load_policy(DIR)`, then `policy.reset(instruction)` once per
+episode and `policy.act(obs)` every control step (see README, "Evaluate, deploy, look inside").
 """
 
 __version__ = "0.1.0"

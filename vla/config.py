@@ -115,9 +115,7 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     kwargs = {}
     for key, value in data.items():
         if key not in types_:
-            raise ConfigError(
-                f"unknown key '{where}.{key}'{_nearest(key, list(types_))}".replace("config.", "")
-            )
+            raise ConfigError(f"unknown key '{where}.{key}'{_nearest(key, list(types_))}".replace("config.", ""))
         kwargs[key] = _coerce(value, types_[key], f"{where}.{key}".replace("config.", ""))
     try:
         return cls(**kwargs)

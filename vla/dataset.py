@@ -84,6 +84,7 @@ class WindowDataset(Dataset):
         instruction_len: int,
         keys: ObsKeys | None = None,
         preload: bool = False,
+        aux_key: str = "",
     ):
         keys = keys or ObsKeys()
         self.path, self.split, self.keys = str(path), split, keys
@@ -94,9 +95,11 @@ class WindowDataset(Dataset):
             self.names = demo_names(f, split)
             metas = [demo_meta(f, n, keys) for n in self.names]
             # Actions, proprio and instructions are small: tokenize them all once, up front.
-            self.actions, self.proprio, self.instructions = [], [], []
+            self.actions, self.proprio, self.instructions, self.aux = [], [], [], []
             for name in self.names:
                 demo = read_demo(f, name, keys, images=False)
+                if aux_key:
+                    self.aux.append(self._aux_targets(f, name, aux_key, demo.proprio))
                 self.actions.append(self._action_targets(demo.actions))
                 self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
                 self.instructions.append(
@@ -109,6 +112,21 @@ class WindowDataset(Dataset):
         self.index = np.array([(d, t) for d, n in enumerate(lengths) for t in range(n)], dtype=np.int64)
         if len(self.index) == 0:
             raise DatasetError(f"{path}: split '{split}' has no steps")
+
+    @staticmethod
+    def _aux_targets(f, name: str, key: str, proprio: np.ndarray) -> np.ndarray:
+        """(T, 3n) float32: obs/<key> positions (n xyz triples: for us the named block and its goal)
+        relative to the end effector (the first three proprio values), in units of 10 cm.
+
+        Relative, not absolute: in demonstrations the gripper spends most frames next to the named
+        block, so an absolute target can be half-explained by finding the gripper (a shortcut the
+        keypoints fall into); relative to the gripper, only the object itself explains it."""
+        obs = f["data"][name]["obs"]
+        if key not in obs:
+            raise DatasetError(f"{f.filename}: {name}/obs has no '{key}' for the auxiliary loss (set data.aux_key='')")
+        pos = np.asarray(obs[key][()], dtype=np.float32)  # (T, 3n)
+        rel = pos.reshape(len(pos), -1, 3) - proprio[:, None, :3]  # (T, n, 3)
+        return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
 
     def _action_targets(self, actions: np.ndarray) -> np.ndarray:
         """(T, chunk * A) int64: tokens of actions t .. t+chunk-1, chunk-major, last action repeated."""
@@ -142,7 +160,7 @@ class WindowDataset(Dataset):
         actions[pad:] = self.actions[d][start : t + 1]
         timestep = np.arange(t - K + 1, t + 1, dtype=np.int64).clip(min=0)  # episode step index
         step_mask = np.arange(K) >= pad
-        return {
+        item = {
             "instruction": torch.from_numpy(self.instructions[d]),
             "image": torch.from_numpy(image),
             "proprio": torch.from_numpy(proprio),
@@ -151,6 +169,11 @@ class WindowDataset(Dataset):
             "actions": torch.from_numpy(actions),
             "demo": torch.tensor(d),
         }
+        if self.aux:
+            aux = np.zeros((K, self.aux[d].shape[1]), dtype=np.float32)
+            aux[pad:] = self.aux[d][start : t + 1]
+            item["aux"] = torch.from_numpy(aux)
+        return item
 
     def __getstate__(self):
         state = self.__dict__.copy()

@@ -31,6 +31,7 @@ class KVCache:
     tokens_per_step: int  # S, tokens
     n_steps: int = 0  # steps appended since `start` (the next step goes to slot n_steps % K)
     step_embed: torch.Tensor | None = None  # (S, d) additive embedding of each step position, set by start
+    film_ctx: torch.Tensor | None = None  # (B, d) instruction summary for a FiLM stem, set by start
     instr_add: torch.Tensor | None = None  # (B, 1|H, 1, L) mask columns of the instruction keys, set by start
 
     @property

@@ -85,6 +85,9 @@ class ModelConfig:
     n_cameras: int = 1  # cameras per step; each contributes (image_size / patch_size)^2 patch tokens
     patch_size: int = 16  # ViT patch side, pixels
     patch_embed: Literal["linear", "conv"] = "linear"  # pixels -> d_model: per-patch linear, or stride-conv stem
+    keypoints: int = 0  # spatial-softmax keypoint tokens per camera and step (0 = patches only)
+    keypoint_channels: int = 32  # hidden channels of the keypoint network, at half the image resolution
+    film: bool = False  # condition the conv stem on the instruction (FiLM, as RT-1 does); patch_embed="conv" only
     conv_channels: int = 16  # channels of the conv stem's first stage, doubling per stage (patch_embed="conv")
     proprio_dim: int = 9  # proprioceptive state size P (normalized floats), embedded as one token
     # instruction
@@ -105,6 +108,7 @@ class ModelConfig:
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads (d_model / n_head features each)
     d_ff: int = 512  # MLP hidden width, features
+    aux_dim: int = 0  # auxiliary regression outputs per step from the first action slot (0 = off); training only
     dropout: float = 0.0  # dropout probability (embeddings, attention, residual branches), training only
     bias: bool = True  # biases in Linear layers and LayerNorms
 
@@ -121,6 +125,8 @@ class ModelConfig:
         for name in ("window", "max_episode_steps", "d_model", "n_layer", "d_ff", "conv_channels"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
+        if self.film and self.patch_embed != "conv" and not self.keypoints:
+            raise ValueError(f"film=True needs patch_embed='conv' or keypoints, got patch_embed={self.patch_embed!r}")
         if self.action_bins < 2:
             raise ValueError(f"action_bins={self.action_bins} must be >= 2")
         if not 0.0 <= self.dropout < 1.0:
@@ -133,8 +139,8 @@ class ModelConfig:
 
     @property
     def n_image_tokens(self) -> int:
-        """Image patch tokens per step, all cameras."""
-        return self.n_cameras * self.grid**2
+        """Image tokens per step, all cameras: patches, then keypoints, per camera."""
+        return self.n_cameras * (self.grid**2 + self.keypoints)
 
     @property
     def n_obs_tokens(self) -> int:
@@ -180,44 +186,109 @@ class PatchEmbed(nn.Module):
             # log2(p) overlapping 3x3 stride-2 stages, channels doubling from conv_channels, ending at
             # d channels on the patch grid. Two coordinate channels (CoordConv) make a feature's position
             # inside its patch explicit, which a 16-pixel patch otherwise has to learn from scratch.
-            layers, c_in, n = [], 3 + 2, p.bit_length() - 1
+            # With `film`, every hidden stage is scaled and shifted per channel by a function of the
+            # instruction (FiLM): the stem can pick out the named colour pixel by pixel, before any
+            # attention, which is what makes language-conditioned vision learnable in minutes on a CPU.
+            convs, films, c_in, n = [], [], 3 + 2, p.bit_length() - 1
             for i in range(n):
                 c_out = d if i == n - 1 else cfg.conv_channels * 2**i
-                layers.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=cfg.bias))
-                if i < n - 1:
-                    layers.append(nn.GELU())
+                convs.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=cfg.bias))
+                if cfg.film and i < n - 1:
+                    films.append(nn.Linear(2 * d, 2 * c_out))
                 c_in = c_out
-            self.proj = nn.Sequential(*layers)
+            self.proj = nn.ModuleList(convs)
+            self.film = nn.ModuleList(films) if cfg.film else None
             axis = torch.linspace(-0.5, 0.5, cfg.image_size)
             ys, xs = torch.meshgrid(axis, axis, indexing="ij")  # (H, W) each
             self.register_buffer("coords", torch.stack([ys, xs]), persistent=False)  # (2, H, W)
         self.row = nn.Parameter(torch.zeros(g, d))
         self.col = nn.Parameter(torch.zeros(g, d))
         self.camera = nn.Parameter(torch.zeros(cfg.n_cameras, d))
+        if cfg.keypoints:
+            # Spatial-softmax keypoints (Levine et al. 2016; robomimic's default readout): a small conv
+            # net at half resolution gives M heat maps; each map's softmax-weighted pixel coordinates are
+            # where "its" thing is, to a fraction of a pixel. A 16-pixel patch token cannot say where in
+            # the patch a 5-pixel block sits; a keypoint token says it directly.
+            c, M = cfg.keypoint_channels, cfg.keypoints
+            self.kp_convs = nn.ModuleList(
+                [nn.Conv2d(3 + 2, c, 3, stride=2, padding=1), nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, M, 1)]
+            )
+            # With `film` the maps are conditioned on the instruction, so a keypoint can follow "the
+            # named block" rather than "the red thing": the transformer then reads it at a fixed slot.
+            self.kp_film = nn.ModuleList([nn.Linear(2 * d, 2 * c) for _ in range(2)]) if cfg.film else None
+            self.kp_sharpness = nn.Parameter(torch.tensor(math.log(20.0)))  # log inverse softmax temperature
+            self.kp_proj = nn.Linear(3, d)  # (x, y, strength) -> d
+            self.kp_id = nn.Parameter(torch.zeros(M, d))  # which keypoint a token is
+            axis = torch.linspace(-1.0, 1.0, (cfg.image_size + 1) // 2)
+            ys, xs = torch.meshgrid(axis, axis, indexing="ij")
+            self.register_buffer("kp_coords", torch.stack([ys.flatten(), xs.flatten()], 1), persistent=False)
+        if cfg.patch_embed == "linear" and cfg.keypoints:
+            axis = torch.linspace(-0.5, 0.5, cfg.image_size)
+            ys, xs = torch.meshgrid(axis, axis, indexing="ij")
+            self.register_buffer("coords", torch.stack([ys, xs]), persistent=False)  # (2, H, W)
 
-    def forward(self, image: torch.Tensor) -> torch.Tensor:
-        """(B, T, C, H, W, 3) uint8 -> (B, T, C * g * g, d); patches row-major, cameras in order."""
-        return self.project(image) + self.positions()  # (B, T, C*g*g, d)
+    def forward(self, image: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
+        """(B, T, C, H, W, 3) uint8 -> (B, T, C * g * g, d); patches row-major, cameras in order.
+
+        `context` (B, d): the instruction summary that conditions the stem when cfg.film."""
+        return self.project(image, context) + self.positions()  # (B, T, C*g*g, d)
 
     def positions(self) -> torch.Tensor:
-        """(C * g * g, d): 2-D patch position (row + column) + camera embedding of each patch token."""
+        """(C * (g*g + M), d): 2-D patch position (row + column) or keypoint id, + camera embedding."""
         pos = (self.row[:, None, :] + self.col[None, :, :]).flatten(0, 1)  # (g*g, d): index r*g + c
-        return (self.camera[:, None, :] + pos).flatten(0, 1)  # (C*g*g, d)
+        if self.cfg.keypoints:
+            pos = torch.cat([pos, self.kp_id], dim=0)  # (g*g + M, d)
+        return (self.camera[:, None, :] + pos).flatten(0, 1)  # (C*(g*g + M), d)
 
-    def project(self, image: torch.Tensor) -> torch.Tensor:
+    def keypoints(self, x: torch.Tensor, context: torch.Tensor | None) -> torch.Tensor:
+        """(N, 5, H, W) pixels + coordinates -> (N, M, d) keypoint tokens: (x, y, strength) of each map.
+
+        context (B, d) conditions the maps when cfg.film (N = B * steps * cameras)."""
+        for i, conv in enumerate(self.kp_convs[:-1]):
+            x = conv(x)  # (N, c, h, w)
+            if self.kp_film is not None:
+                gamma, beta = self.kp_film[i](context).repeat_interleave(x.shape[0] // context.shape[0], 0).chunk(2, 1)
+                x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]
+            x = F.gelu(x)
+        heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
+        att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
+        where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
+        strength = (att * heat).sum(-1, keepdim=True)  # (N, M, 1): how strongly the map fired there
+        self.last_where = where  # (N, M, 2), read by the model's auxiliary loss in training
+        if self.cfg.aux_dim:  # supervised keypoints: they learn only from the auxiliary target, and the
+            where, strength = where.detach(), strength.detach()  # policy reads them as given features
+        return self.kp_proj(torch.cat([where, strength], dim=-1))  # (N, M, d)
+
+    def project(self, image: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         """Pixels -> patch features, no position: (B, T, C, H, W, 3) uint8 -> (B, T, C*g*g, d)."""
         cfg = self.cfg
         p, B, T = cfg.patch_size, image.shape[0], image.shape[1]
         x = image.to(self.row.dtype) / 255.0 - 0.5  # (B, T, C, H, W, 3) in [-0.5, 0.5]
+        kp = None
+        if cfg.keypoints:
+            pix = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
+            coords = self.coords.to(pix.dtype).expand(pix.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
+            kp = self.keypoints(torch.cat([pix, coords], dim=1), context)  # (B*T*C, M, d)
+            kp = rearrange(kp, "(b t c) m d -> b t c m d", b=B, t=T)  # (B, T, C, M, d)
         if cfg.patch_embed == "linear":
             x = rearrange(x, "b t c (h p1) (w p2) ch -> b t c (h w) (p1 p2 ch)", p1=p, p2=p)  # (B, T, C, g*g, p*p*3)
             x = self.proj(x)  # (B, T, C, g*g, d)
         else:
             x = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
             coords = self.coords.to(x.dtype).expand(x.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
-            x = self.proj(torch.cat([x, coords], dim=1))  # (B*T*C, 5, H, W) -> (B*T*C, d, g, g)
+            x = torch.cat([x, coords], dim=1)  # (B*T*C, 5, H, W)
+            for i, conv in enumerate(self.proj):
+                x = conv(x)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
+                if i == len(self.proj) - 1:
+                    break  # (B*T*C, d, g, g)
+                if self.film is not None:
+                    gamma, beta = self.film[i](context).repeat_interleave(x.shape[0] // B, 0).chunk(2, dim=1)
+                    x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]  # (B*T*C, c_i, h, w)
+                x = F.gelu(x)
             x = rearrange(x, "(b t c) d h w -> b t c (h w) d", b=B, t=T)  # (B, T, C, g*g, d)
-        return x.flatten(2, 3)  # (B, T, C*g*g, d)
+        if kp is not None:
+            x = torch.cat([x, kp], dim=3)  # (B, T, C, g*g + M, d)
+        return x.flatten(2, 3)  # (B, T, C*(g*g + M), d)
 
 
 class CausalSelfAttention(nn.Module):
@@ -326,6 +397,15 @@ class ActionTransformer(nn.Module):
         self.blocks = nn.ModuleList([Block(cfg) for _ in range(cfg.n_layer)])
         self.ln_f = nn.LayerNorm(d, bias=cfg.bias)
         self.head = nn.Linear(d, cfg.action_bins, bias=cfg.bias)
+        self.film_pool = (
+            nn.Linear(d, 2, bias=False) if cfg.film else None
+        )  # two attention pools, see instruction_context
+        # Optional auxiliary readout of privileged state (where the named object and its goal are): a
+        # dense localization signal for the visual pathway during training, unused at inference. With
+        # keypoints it reads their coordinates (and the proprio) directly, a linear map, so the signal
+        # reaches the keypoint network without first having to teach attention where to look.
+        aux_in = 2 * cfg.n_cameras * cfg.keypoints + cfg.proprio_dim if cfg.keypoints else d
+        self.aux_head = nn.Linear(aux_in, cfg.aux_dim, bias=cfg.bias) if cfg.aux_dim else None
 
         # static structure of a step (S tokens) and of a full window (L + K*S tokens)
         n_obs = cfg.n_obs_tokens
@@ -346,6 +426,17 @@ class ActionTransformer(nn.Module):
         self.register_buffer("structure", self._structure(K), persistent=False)  # (L+K*S, L+K*S)
 
         self.apply(self._init_weights)
+        # FiLM and the auxiliary readout keep PyTorch's fan-in init: from N(0, 0.02) their signal into the
+        # stem starts an order of magnitude weaker, and localization is what the demo budget is short of.
+        pe = self.patch_embed
+        for module in [
+            self.film_pool,
+            self.aux_head,
+            *(getattr(pe, "film", None) or []),
+            *(getattr(pe, "kp_film", None) or []),
+        ]:
+            if module is not None:
+                module.reset_parameters()
         for name, p in self.named_parameters():
             if name.endswith("c_proj.weight"):  # residual projections, GPT-2 scaling
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
@@ -406,12 +497,13 @@ class ActionTransformer(nn.Module):
             return self.time_embed(timestep.clamp(0, self.cfg.max_episode_steps - 1))[:, :, None]
         return None
 
-    def embed_steps(self, image, proprio, timestep, actions=None) -> torch.Tensor:
+    def embed_steps(self, image, proprio, timestep, actions=None, context=None) -> torch.Tensor:
         """Step tokens: image (B,T,C,H,W,3) uint8, proprio (B,T,P), timestep (B,T), actions (B,T,chunk*A)
-        int64 bins or None (autoregressive slot j >= 1 then has no value) -> (B, T, S, d)."""
+        int64 bins or None (autoregressive slot j >= 1 then has no value), context (B, d) the
+        instruction summary for a FiLM stem -> (B, T, S, d)."""
         cfg = self.cfg
         B, T = timestep.shape
-        img = self.patch_embed(image)  # (B, T, C*g*g, d) with patch positions and camera
+        img = self.patch_embed(image, context)  # (B, T, C*g*g, d) with patch positions and camera
         prop = self.proprio_embed(proprio.to(img.dtype))[:, :, None]  # (B, T, 1, d)
         act = img.new_zeros(B, T, cfg.n_action_tokens, cfg.d_model)  # (B, T, chunk*A, d) no values
         if self.action_embed is not None and actions is not None and cfg.n_action_tokens > 1:
@@ -425,10 +517,34 @@ class ActionTransformer(nn.Module):
         seg = self.segment_embed.weight[SEG_INSTRUCTION]  # (d,)
         return self.instr_embed(instruction) + self.instr_pos.weight[: instruction.shape[1]] + seg
 
+    def _instruction_mask(self, instruction: torch.Tensor, dtype) -> torch.Tensor:
+        """(B, 1, L, L) float mask of the instruction prefix on its own: causal, padding keys hidden."""
+        L = instruction.shape[1]
+        valid = instruction != PAD_ID  # (B, L)
+        eye = torch.eye(L, dtype=torch.bool, device=instruction.device)
+        allowed = (torch.ones_like(eye).tril() & valid[:, None, :]) | eye  # (B, L, L)
+        return torch.zeros(allowed.shape, dtype=dtype, device=instruction.device).masked_fill(~allowed, float("-inf"))[
+            :, None
+        ]
+
+    def instruction_context(self, instruction: torch.Tensor) -> torch.Tensor | None:
+        """The instruction summary that conditions a FiLM stem (None without one): (B, L) -> (B, 2d).
+
+        Two learned attention pools over the instruction's token embeddings (word + position). A pool
+        can learn "the first colour word" (which block) and another "the second" (which goal) in a
+        few hundred steps; a summary of the trunk's deep features of the prefix took far longer."""
+        if not self.cfg.film:
+            return None
+        x = self.embed_instruction(instruction)  # (B, L, d)
+        scores = self.film_pool(x).masked_fill((instruction == PAD_ID)[..., None], float("-inf"))  # (B, L, 2)
+        pooled = torch.einsum("blq,bld->bqd", scores.softmax(dim=1), x)  # (B, 2, d)
+        return pooled.flatten(1)  # (B, 2d)
+
     def embed(self, batch: dict) -> torch.Tensor:
         """The whole stream: (B, L + T*S, d)."""
         instr = self.embed_instruction(batch["instruction"])  # (B, L, d)
-        steps = self.embed_steps(batch["image"], batch["proprio"], batch["timestep"], batch.get("actions"))
+        context = self.instruction_context(batch["instruction"])  # (B, d) or None
+        steps = self.embed_steps(batch["image"], batch["proprio"], batch["timestep"], batch.get("actions"), context)
         return torch.cat([instr, steps.flatten(1, 2)], dim=1)  # (B, L + T*S, d)
 
     # ------------------------------------------------------------------------- full-window pass
@@ -479,8 +595,10 @@ class ActionTransformer(nn.Module):
 
         batch: instruction (B, L) int64, image (B, T, n_cam, H, W, 3) uint8, proprio (B, T, P) float
         (normalized), timestep (B, T) int64, step_mask (B, T) bool (optional, False = left padding),
-        actions (B, T, chunk*A) int64 bins (optional; targets, and the inputs of autoregressive slots).
-        Returns logits (B, T, chunk*A, bins); with actions also loss (scalar) and accuracy (A,).
+        actions (B, T, chunk*A) int64 bins (optional; targets, and the inputs of autoregressive slots),
+        aux (B, T, aux_dim) float (optional auxiliary regression targets, with cfg.aux_dim > 0).
+        Returns logits (B, T, chunk*A, bins); with actions also loss (scalar) and accuracy (A,), and
+        with aux also aux_loss (mean squared error).
         Without actions, autoregressive logits are valid for slot 0 only (use `recompute` to decode)."""
         cfg = self.cfg
         B, T = batch["timestep"].shape
@@ -500,6 +618,14 @@ class ActionTransformer(nn.Module):
             hit = (logits.argmax(-1) == actions).float() * w  # (B, T, chunk*A)
             hit = hit.view(B, T, cfg.chunk, cfg.action_dim)  # (B, T, chunk, A)
             out["accuracy"] = hit.sum(dim=(0, 1, 2)) / (n_real * cfg.chunk)  # (A,)
+            if self.aux_head is not None and "aux" in batch:
+                if cfg.keypoints:
+                    where = self.patch_embed.last_where.reshape(B, T, -1)  # (B, T, C*M*2): keypoint coordinates
+                    feats = torch.cat([where, batch["proprio"].to(where.dtype)], dim=-1)  # (B, T, C*M*2 + P)
+                else:
+                    feats = h.view(B, T, cfg.n_action_tokens, cfg.d_model)[:, :, 0]  # (B, T, d): first action slot
+                err = (self.aux_head(feats).float() - batch["aux"].float()) ** 2  # (B, T, aux_dim)
+                out["aux_loss"] = (err * w).sum() / (n_real * cfg.aux_dim)
         return out
 
     @torch.no_grad()
@@ -560,14 +686,15 @@ class ActionTransformer(nn.Module):
             acts[:, :-1] = actions[:, :-1]
         mask = self.attention_mask(instruction, timestep, step_mask)  # (B, H|1, N, N)
         instr = self.embed_instruction(instruction)  # (B, L, d)
-        steps = self.embed_steps(image, proprio, timestep, acts)  # (B, T, S, d)
+        context = self.instruction_context(instruction)  # (B, d) or None
+        steps = self.embed_steps(image, proprio, timestep, acts, context)  # (B, T, S, d)
         last = L + (T - 1) * S + n_obs  # stream position of the last step's slot 0
         if cfg.action_decoding == "parallel":
             h = self.trunk(torch.cat([instr, steps.flatten(1, 2)], dim=1), mask, rows=slice(last, last + CA))
             logits = self.head(h)  # (B, chunk*A, bins)
             return StepOutput(self._choose(logits, temperature, generator), logits)
         # autoregressive: one full pass per action token; only the last step's slot inputs change
-        free = self.embed_steps(image[:, -1:], proprio[:, -1:], timestep[:, -1:])[:, 0]  # (B, S, d) no values
+        free = self.embed_steps(image[:, -1:], proprio[:, -1:], timestep[:, -1:], None, context)[:, 0]  # (B, S, d)
         all_logits = []
         for j in range(CA):
             cur = free.clone()  # (B, S, d)
@@ -606,13 +733,11 @@ class ActionTransformer(nn.Module):
         if instruction.shape[1] != cfg.instruction_len:
             raise ValueError(f"instruction has {L} tokens, the model expects {cfg.instruction_len}")
         cache.instr_valid.copy_(instruction != PAD_ID)
-        eye = torch.eye(L, dtype=torch.bool, device=instruction.device)
-        allowed = (torch.ones_like(eye).tril() & cache.instr_valid[:, None, :]) | eye  # (B, L, L)
-        mask = torch.zeros(allowed.shape, dtype=cache.kv.dtype, device=instruction.device)
-        mask = mask.masked_fill(~allowed, float("-inf"))[:, None]  # (B, 1, L, L)
+        mask = self._instruction_mask(instruction, cache.kv.dtype)  # (B, 1, L, L)
         x = self.embed_instruction(instruction)  # (B, L, d)
         for i, block in enumerate(self.blocks):
             x = block(x, mask, cache.kv[i, :, :, :, :L], 0)  # a view: writes land in the buffer
+        cache.film_ctx = self.instruction_context(instruction)  # (B, 2d) or None: once per episode
         # per-episode constants of the step path
         n_img = cfg.n_image_tokens
         step_embed = self._step_embed().clone()  # (S, d)
@@ -662,7 +787,7 @@ class ActionTransformer(nn.Module):
         t_emb = self._time_embed(timestep[:, None])  # (B, 1, 1, d) or None
         # pass 0: observation tokens + the action slots that need no decoded value
         n0 = S if cfg.action_decoding == "parallel" else n_obs + 1
-        img = self.patch_embed.project(image[:, None])[:, 0]  # (B, C*g*g, d)
+        img = self.patch_embed.project(image[:, None], cache.film_ctx)[:, 0]  # (B, C*g*g, d)
         prop = self.proprio_embed(proprio.to(img.dtype))[:, None]  # (B, 1, d)
         slots = cache.step_embed[n_obs:n0].expand(B, -1, -1)  # (B, n0 - n_obs, d) value-free slots
         x = torch.cat([img + cache.step_embed[: n_obs - 1], prop + cache.step_embed[n_obs - 1], slots], 1)

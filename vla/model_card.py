@@ -23,13 +23,17 @@ def _patch_embed_flops(cfg: ModelConfig) -> int:
     """FLOPs to embed one step's images (all cameras)."""
     p, g, d = cfg.patch_size, cfg.grid, cfg.d_model
     if cfg.patch_embed == "linear":
-        return cfg.n_cameras * g * g * 2 * (p * p * 3) * d
-    flops, c_in, side, n = 0, 3 + 2, cfg.image_size, p.bit_length() - 1  # the stem in vla.model.PatchEmbed
-    for i in range(n):
-        side = (side + 1) // 2
-        c_out = d if i == n - 1 else cfg.conv_channels * 2**i
-        flops += side * side * 2 * c_in * 9 * c_out
-        c_in = c_out
+        flops = g * g * 2 * (p * p * 3) * d
+    else:
+        flops, c_in, side, n = 0, 3 + 2, cfg.image_size, p.bit_length() - 1  # the stem in vla.model.PatchEmbed
+        for i in range(n):
+            side = (side + 1) // 2
+            c_out = d if i == n - 1 else cfg.conv_channels * 2**i
+            flops += side * side * 2 * c_in * 9 * c_out
+            c_in = c_out
+    if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
+        h, c = (cfg.image_size + 1) // 2, cfg.keypoint_channels
+        flops += h * h * 2 * (5 * 9 * c + c * 9 * c + c * cfg.keypoints)
     return cfg.n_cameras * flops
 
 
@@ -54,11 +58,18 @@ def model_card(cfg: ModelConfig) -> dict:
     }
     components = {
         f"patch embed ({cfg.patch_embed})": _numel(model.patch_embed.proj),
+        "patch embed FiLM (instruction -> stem)": _numel(getattr(model.patch_embed, "film", None))
+        + _numel(model.film_pool),
+        "image keypoints (spatial softmax)": sum(
+            _numel(getattr(model.patch_embed, n, None)) for n in ("kp_convs", "kp_proj", "kp_film")
+        )
+        + sum(getattr(model.patch_embed, n).numel() for n in ("kp_id", "kp_sharpness") if cfg.keypoints),
         **{f"embed: {k}": v for k, v in embeddings.items()},
         "blocks: attention": attn,
         "blocks: MLP": mlp,
         "blocks: LayerNorms": norms,
         "final norm + head": _numel(model.ln_f) + _numel(model.head),
+        "auxiliary head (training only)": _numel(model.aux_head),
     }
     total = sum(p.numel() for p in model.parameters())
     assert sum(components.values()) == total, "model card misses a parameter group"
@@ -74,6 +85,8 @@ def model_card(cfg: ModelConfig) -> dict:
     streaming = S * dense_per_token + S * attn_per_query + CA * head + embed_step
     N = L + K * S  # stream length of a full training window
     forward = N * dense_per_token + nl * 4 * d * N * N + K * CA * head + K * embed_step
+    if cfg.film:  # the instruction's own pass that conditions the stem (done once per episode at inference)
+        forward += L * dense_per_token + nl * 4 * d * L * L
     passes = CA if cfg.action_decoding == "autoregressive" else 1
     recompute = passes * (N * dense_per_token + nl * 4 * d * N * N + CA * head) + K * embed_step
     kv_bytes = nl * 2 * n_keys * d * 4  # fp32, one episode

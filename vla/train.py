@@ -47,6 +47,7 @@ class DataConfig:
     num_workers: int = 0  # DataLoader worker processes
     augment_shift: int = 4  # random-shift augmentation, pixels (pad + random crop); 0 = off
     action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
+    aux_key: str = ""  # obs/<key> of privileged object positions for an auxiliary loss ("" = none)
 
 
 @dataclass
@@ -57,6 +58,7 @@ class OptimConfig:
     weight_decay: float = 0.05  # AdamW decay, on weight matrices only
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
+    aux_weight: float = 0.5  # weight of the auxiliary loss (only with data.aux_key)
 
     def __post_init__(self):
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2:
@@ -244,7 +246,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         env_args = read_env_args(f)
     train_set = WindowDataset(
         data_path, cfg.data.train_split, tokenizers, cfg.model.window, cfg.model.chunk,
-        cfg.model.instruction_len, keys, preload=cfg.data.preload,
+        cfg.model.instruction_len, keys, preload=cfg.data.preload, aux_key=cfg.data.aux_key,
     )  # fmt: skip
     sample = train_set[0]
     # Fields the data decides: taken from it, so a preset works for any dataset.
@@ -254,6 +256,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         proprio_dim=sample["proprio"].shape[-1],
         vocab_size=tokenizers.text.vocab_size,
         action_dim=tokenizers.action.action_dim,
+        aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
     )
     tasks = sorted(set(train_set.tasks))
 
@@ -269,7 +272,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         try:
             valid_set = WindowDataset(
                 data_path, cfg.data.valid_split, tokenizers, cfg.model.window, cfg.model.chunk,
-                cfg.model.instruction_len, keys, preload=cfg.data.preload,
+                cfg.model.instruction_len, keys, preload=cfg.data.preload, aux_key=cfg.data.aux_key,
             )  # fmt: skip
             valid_iter = iter(
                 torch.utils.data.DataLoader(
@@ -397,6 +400,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         with amp_ctx():
             out_ = wrapped(batch)
         loss = out_["loss"]
+        if "aux_loss" in out_:  # the logged "loss" stays the action cross-entropy, comparable across runs
+            loss = loss + cfg.optim.aux_weight * out_["aux_loss"]
         optimizer.zero_grad(set_to_none=True)
         bad = not torch.isfinite(loss).item()
         if not bad:
@@ -419,7 +424,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         scheduler.step()
         step += 1
         n_since += 1
-        last_loss = loss.item()
+        last_loss = out_["loss"].item()
 
         if ddp.main and (step % cfg.train.log_every == 0 or step == cfg.train.steps):
             elapsed = time.perf_counter() - t_last
@@ -429,6 +434,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
             record = {
                 "step": step,
                 "loss": last_loss,
+                **({"aux_loss": out_["aux_loss"].item()} if "aux_loss" in out_ else {}),
                 "lr": scheduler.get_last_lr()[0],
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": tok_s,
