@@ -1,0 +1,36 @@
+#!/usr/bin/env bash
+# `make bench`: every vla-bench figure side by side with its peer, then docs/benchmarks.md rebuilt
+# from the results. Run it on an otherwise idle machine: the figures are ratios measured in one run,
+# but a busy neighbour still shifts them.
+set -euo pipefail
+cd "$(dirname "$0")/.."
+export MUJOCO_GL="${MUJOCO_GL:-egl}"
+OUT=runs/bench
+DATA="${DATA:-data/demo.hdf5}"
+mkdir -p "$OUT"
+
+vla-bench latency --config configs/demo.yaml --json "$OUT/latency.json"
+vla-bench latency --json "$OUT/latency_k8.json"
+vla-bench train --config configs/demo.yaml --json "$OUT/train.json"
+vla-bench data --config configs/demo.yaml --data "$DATA" --json "$OUT/data.json"
+vla-bench collect --json "$OUT/collect.json"
+
+{
+  echo "# Benchmarks"
+  echo
+  echo "Latest figures from \`make bench\` (\`scripts/bench.sh\`), $(date -u +%Y-%m-%d), on $(nproc) CPU cores"
+  echo "($(lscpu | sed -n 's/^Model name: *//p' | head -1)), torch $(python -c 'import torch; print(torch.__version__)')."
+  echo "Each table compares against its peer in the same run; read the ratios, not the absolute times."
+  echo
+  echo "## Control-step latency, demo model (\`vla-bench latency --config configs/demo.yaml\`)"
+  echo; cat "$OUT/latency.md"; echo
+  echo "## Control-step latency at an 8-step window (\`vla-bench latency\`)"
+  echo; cat "$OUT/latency_k8.md"; echo
+  echo "## Training throughput and MFU (\`vla-bench train --config configs/demo.yaml\`)"
+  echo; cat "$OUT/train.md"; echo
+  echo "## Data loader vs trainer (\`vla-bench data --data $DATA\`)"
+  echo; cat "$OUT/data.md"; echo
+  echo "## Collection (\`vla-bench collect\`)"
+  echo; cat "$OUT/collect.md"
+} > docs/benchmarks.md
+echo "wrote docs/benchmarks.md"

@@ -1,0 +1,116 @@
+"""Summarize a run directory: `python -m vla.report runs/demo`.
+
+Prints the per-task success table (policy beside the scripted expert, plus the grounding probe),
+the deployment latency and each stage's wall-clock time, and draws the training curves
+(`training_curves.png`) from `metrics.jsonl`. Reads whatever of these the directory holds:
+eval.json, experts.json, eval_swap_colour.json, deploy.json, stage_times.txt, metrics.jsonl.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import sys
+from pathlib import Path
+
+
+def _load(path: Path):
+    return json.loads(path.read_text()) if path.is_file() else None
+
+
+def plot_training_curves(run: Path) -> Path | None:
+    """Loss (train and valid) and closed-loop success against step, one PNG."""
+    path = run / "metrics.jsonl"
+    if not path.is_file():
+        return None
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [json.loads(line) for line in path.read_text().splitlines() if line.strip()]
+    series = lambda key: ([r["step"] for r in rows if key in r], [r[key] for r in rows if key in r])  # noqa: E731
+    fig, (ax_loss, ax_acc) = plt.subplots(1, 2, figsize=(10, 3.6))
+    for key, label in (("loss", "train loss"), ("valid/loss", "valid loss")):
+        x, y = series(key)
+        if x:
+            ax_loss.plot(x, y, label=label)
+    ax_loss.set_xlabel("step")
+    ax_loss.set_ylabel("cross-entropy on action tokens")
+    ax_loss.set_yscale("log")
+    ax_loss.legend()
+    for key in sorted({k for r in rows for k in r if k.startswith("accuracy/")}):
+        x, y = series(key)
+        ax_acc.plot(x, y, label=key.replace("accuracy/", "token acc. "), alpha=0.7)
+    x, y = series("eval/success_rate")
+    if x:
+        ax_acc.plot(x, y, "ko-", label="closed-loop success")
+    ax_acc.set_xlabel("step")
+    ax_acc.set_ylim(0, 1)
+    ax_acc.legend(fontsize=7)
+    fig.suptitle(f"training: {run}")
+    fig.tight_layout()
+    out = run / "training_curves.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
+def summary(run: Path) -> str:
+    lines = []
+    ev, ex, swap = _load(run / "eval.json"), _load(run / "experts.json"), _load(run / "eval_swap_colour.json")
+    if ev:
+        experts = {r["task"]: r for r in (ex or {}).get("rows", [])}
+        lines += ["| task | policy success | 95% CI | expert (same seeds) | swapped colour |", "|---|---|---|---|---|"]
+        for task, r in ev["tasks"].items():
+            lo, hi = r["ci95"]
+            e = experts.get(task)
+            s = (swap or {}).get("tasks", {}).get(task)
+            expert = f"{e['success_rate']:.0%}" if e else "-"
+            swapped = f"{s['success_rate']:.0%}" if s else "-"
+            lines.append(
+                f"| {task} | {r['success_rate']:.0%} ({r['episodes']}) | [{lo:.0%}, {hi:.0%}] | {expert} | {swapped} |"
+            )
+        o = ev["overall"]
+        mean_task = sum(r["success_rate"] for r in ev["tasks"].values()) / max(len(ev["tasks"]), 1)
+        expert_mean = sum(r["success_rate"] for r in experts.values()) / len(experts) if experts else None
+        swap_mean = swap["overall"]["success_rate"] if swap else None
+        lines.append(
+            f"| **mean over tasks** | **{mean_task:.0%}** ({o['episodes']}) | | "
+            f"{f'{expert_mean:.0%}' if expert_mean is not None else '-'} | "
+            f"{f'{swap_mean:.0%}' if swap_mean is not None else '-'} |"
+        )
+    dep = _load(run / "deploy.json")
+    if dep:
+        lat = dep["latency_ms"]
+        lines.append(
+            f"\ndeploy: {dep.get('hz', '?')} Hz, budget {dep.get('budget_ms', '?')} ms: "
+            f"latency p50 {lat['p50']:.1f} ms, "
+            f"p99 {lat['p99']:.1f} ms, max {lat['max']:.1f} ms; {dep['steps']} steps, {dep['deadline_misses']} "
+            f"deadline misses, {dep['fallbacks']} fallbacks, success={dep['success']}"
+        )
+    times = run / "stage_times.txt"
+    if times.is_file():
+        parts = [ln.split() for ln in times.read_text().splitlines() if ln.strip()]
+        lines.append("\nwall-clock per stage: " + ", ".join(f"{n} {int(s)} s" for n, s in parts))
+        lines.append(f"total: {sum(int(s) for _, s in parts)} s")
+    curves = plot_training_curves(run)
+    if curves:
+        lines.append(f"\ntraining curves: {curves}")
+    return "\n".join(lines) if lines else f"{run}: nothing to summarize yet"
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="python -m vla.report", description=__doc__.split("\n\n")[0])
+    parser.add_argument("run", help="run directory, e.g. runs/demo")
+    args = parser.parse_args(argv)
+    run = Path(args.run)
+    if not run.is_dir():
+        print(f"vla.report: error: {run} is not a directory", file=sys.stderr)
+        return 2
+    print(summary(run))
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
