@@ -7,7 +7,7 @@ export MUJOCO_GL="${MUJOCO_GL:-egl}"
 
 DATA=data/demo.hdf5
 RUN=runs/demo
-EPISODES_PER_TASK="${EPISODES_PER_TASK:-150}"   # demonstrations per task
+EPISODES_PER_TASK="${EPISODES_PER_TASK:-600}"   # demonstrations per task
 EVAL_EPISODES="${EVAL_EPISODES:-50}"             # evaluation episodes per task (fresh seeds)
 mkdir -p "$RUN" data
 : > "$RUN/stage_times.txt"

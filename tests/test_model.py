@@ -195,6 +195,30 @@ def test_cache_equivalence_with_an_instruction_conditioned_stem(decoding, keypoi
     assert max(diffs) <= 1e-4 and all(same)
 
 
+def test_cache_equivalence_with_the_aux_prediction_fed_back():
+    model = make_model(sharp=True, patch_embed="conv", film=True, keypoints=4, aux_dim=6, aux_feed=True)
+    diffs, same = stream_vs_recompute(model, 3 * model.cfg.window)
+    assert max(diffs) <= 1e-4 and all(same)
+
+
+def test_aux_feed_puts_the_prediction_into_the_proprio_token_without_training_it():
+    model = make_model(patch_embed="conv", keypoints=4, aux_dim=6, aux_feed=True).train()
+    batch = make_batch(model.cfg)
+    batch["aux"] = torch.randn(*batch["timestep"].shape, 6)
+    plain = model.proprio_embed(batch["proprio"])
+    model.patch_embed(batch["image"], None)  # sets the keypoints the feed reads
+    fed = model.embed_proprio(batch["proprio"])
+    assert (fed - plain).abs().max() > 1e-3
+    out = model(batch)
+    out["loss"].backward()  # the action loss alone: the prediction is given, not trained through
+    assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.aux_head.parameters())
+    assert model.aux_embed.weight.grad.abs().sum() > 0
+    with pytest.raises(ValueError, match="aux_feed=True needs keypoints"):
+        tiny(aux_feed=True, aux_dim=6)
+    with pytest.raises(ValueError, match="aux_feed=True needs aux_dim > 0"):
+        ActionTransformer(tiny(patch_embed="conv", keypoints=4, aux_feed=True))
+
+
 def test_keypoint_tokens_locate_and_train_through_the_auxiliary_loss():
     model = make_model(patch_embed="conv", keypoints=4, film=True, aux_dim=6).train()
     cfg = model.cfg
@@ -346,6 +370,7 @@ def test_overfits_a_fixed_batch():
         {"patch_embed": "conv", "n_cameras": 2},
         {"patch_embed": "conv", "film": True, "aux_dim": 6},
         {"patch_embed": "conv", "film": True, "keypoints": 4, "aux_dim": 6},
+        {"patch_embed": "conv", "keypoints": 4, "aux_dim": 6, "aux_feed": True},
         {"action_decoding": "parallel", "time_encoding": "learned"},
     ],
 )

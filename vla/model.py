@@ -109,6 +109,7 @@ class ModelConfig:
     n_head: int = 4  # attention heads (d_model / n_head features each)
     d_ff: int = 512  # MLP hidden width, features
     aux_dim: int = 0  # auxiliary regression outputs per step from the first action slot (0 = off); training only
+    aux_feed: bool = False  # add the auxiliary head's prediction to the proprio token (needs keypoints, aux_dim)
     dropout: float = 0.0  # dropout probability (embeddings, attention, residual branches), training only
     bias: bool = True  # biases in Linear layers and LayerNorms
 
@@ -127,6 +128,8 @@ class ModelConfig:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         if self.film and self.patch_embed != "conv" and not self.keypoints:
             raise ValueError(f"film=True needs patch_embed='conv' or keypoints, got patch_embed={self.patch_embed!r}")
+        if self.aux_feed and not self.keypoints:
+            raise ValueError("aux_feed=True needs keypoints > 0 (the auxiliary prediction reads the keypoints)")
         if self.action_bins < 2:
             raise ValueError(f"action_bins={self.action_bins} must be >= 2")
         if not 0.0 <= self.dropout < 1.0:
@@ -402,10 +405,19 @@ class ActionTransformer(nn.Module):
         )  # two attention pools, see instruction_context
         # Optional auxiliary readout of privileged state (where the named object and its goal are): a
         # dense localization signal for the visual pathway during training, unused at inference. With
-        # keypoints it reads their coordinates (and the proprio) directly, a linear map, so the signal
-        # reaches the keypoint network without first having to teach attention where to look.
+        # keypoints it reads their coordinates (and the proprio) directly through a small MLP, so the
+        # signal reaches the keypoint network without first having to teach attention where to look. Not
+        # a linear map: from a front camera a lifted block's image row mixes its depth with its height,
+        # and only the proprio (gripper closed, hand raised) tells which, a conditional a line can't fit.
         aux_in = 2 * cfg.n_cameras * cfg.keypoints + cfg.proprio_dim if cfg.keypoints else d
-        self.aux_head = nn.Linear(aux_in, cfg.aux_dim, bias=cfg.bias) if cfg.aux_dim else None
+        self.aux_head = (
+            nn.Sequential(nn.Linear(aux_in, d), nn.GELU(), nn.Linear(d, cfg.aux_dim)) if cfg.aux_dim else None
+        )
+        # With `aux_feed` that prediction (where the named block and its goal are, relative to the hand)
+        # also enters the proprio token at inference: the action is then nearly a function of one token.
+        if cfg.aux_feed and not cfg.aux_dim:
+            raise ValueError("aux_feed=True needs aux_dim > 0: train with an auxiliary target (data.aux_key)")
+        self.aux_embed = nn.Linear(cfg.aux_dim, d, bias=False) if cfg.aux_feed else None
 
         # static structure of a step (S tokens) and of a full window (L + K*S tokens)
         n_obs = cfg.n_obs_tokens
@@ -431,7 +443,8 @@ class ActionTransformer(nn.Module):
         pe = self.patch_embed
         for module in [
             self.film_pool,
-            self.aux_head,
+            *(m for m in (self.aux_head or []) if isinstance(m, nn.Linear)),
+            self.aux_embed,
             *(getattr(pe, "film", None) or []),
             *(getattr(pe, "kp_film", None) or []),
         ]:
@@ -504,13 +517,27 @@ class ActionTransformer(nn.Module):
         cfg = self.cfg
         B, T = timestep.shape
         img = self.patch_embed(image, context)  # (B, T, C*g*g, d) with patch positions and camera
-        prop = self.proprio_embed(proprio.to(img.dtype))[:, :, None]  # (B, T, 1, d)
+        prop = self.embed_proprio(proprio.to(img.dtype))[:, :, None]  # (B, T, 1, d)
         act = img.new_zeros(B, T, cfg.n_action_tokens, cfg.d_model)  # (B, T, chunk*A, d) no values
         if self.action_embed is not None and actions is not None and cfg.n_action_tokens > 1:
             act[:, :, 1:] = self.action_embed(actions[:, :, :-1])  # slot j holds bin j-1 (GPT shift)
         x = torch.cat([img, prop, act], dim=2) + self._step_embed()  # (B, T, S, d)
         t = self._time_embed(timestep)
         return x if t is None else x + t  # (B, T, S, d)
+
+    def aux_features(self, proprio: torch.Tensor) -> torch.Tensor:
+        """What the auxiliary head reads: the keypoints of the last `project` call + proprio (B, T, P)."""
+        B, T = proprio.shape[:2]
+        where = self.patch_embed.last_where.reshape(B, T, -1)  # (B, T, C*M*2): keypoint coordinates
+        return torch.cat([where, proprio.to(where.dtype)], dim=-1)  # (B, T, C*M*2 + P)
+
+    def embed_proprio(self, proprio: torch.Tensor) -> torch.Tensor:
+        """(B, T, P) normalized -> (B, T, d); with aux_feed plus the embedded aux prediction (given, not
+        trained through: the prediction learns from its own target only)."""
+        x = self.proprio_embed(proprio)  # (B, T, d)
+        if self.aux_embed is not None:
+            x = x + self.aux_embed(self.aux_head(self.aux_features(proprio)).detach())  # (B, T, d)
+        return x
 
     def embed_instruction(self, instruction: torch.Tensor) -> torch.Tensor:
         """(B, L) int64 -> (B, L, d)."""
@@ -620,8 +647,7 @@ class ActionTransformer(nn.Module):
             out["accuracy"] = hit.sum(dim=(0, 1, 2)) / (n_real * cfg.chunk)  # (A,)
             if self.aux_head is not None and "aux" in batch:
                 if cfg.keypoints:
-                    where = self.patch_embed.last_where.reshape(B, T, -1)  # (B, T, C*M*2): keypoint coordinates
-                    feats = torch.cat([where, batch["proprio"].to(where.dtype)], dim=-1)  # (B, T, C*M*2 + P)
+                    feats = self.aux_features(batch["proprio"])  # (B, T, C*M*2 + P)
                 else:
                     feats = h.view(B, T, cfg.n_action_tokens, cfg.d_model)[:, :, 0]  # (B, T, d): first action slot
                 err = (self.aux_head(feats).float() - batch["aux"].float()) ** 2  # (B, T, aux_dim)
@@ -788,7 +814,7 @@ class ActionTransformer(nn.Module):
         # pass 0: observation tokens + the action slots that need no decoded value
         n0 = S if cfg.action_decoding == "parallel" else n_obs + 1
         img = self.patch_embed.project(image[:, None], cache.film_ctx)[:, 0]  # (B, C*g*g, d)
-        prop = self.proprio_embed(proprio.to(img.dtype))[:, None]  # (B, 1, d)
+        prop = self.embed_proprio(proprio[:, None].to(img.dtype))  # (B, 1, d)
         slots = cache.step_embed[n_obs:n0].expand(B, -1, -1)  # (B, n0 - n_obs, d) value-free slots
         x = torch.cat([img + cache.step_embed[: n_obs - 1], prop + cache.step_embed[n_obs - 1], slots], 1)
         x = x if t_emb is None else x + t_emb[:, 0]  # (B, n0, d)

@@ -69,7 +69,7 @@ def model_card(cfg: ModelConfig) -> dict:
         "blocks: MLP": mlp,
         "blocks: LayerNorms": norms,
         "final norm + head": _numel(model.ln_f) + _numel(model.head),
-        "auxiliary head (training only)": _numel(model.aux_head),
+        "auxiliary head (+ its feed into the proprio token)": _numel(model.aux_head) + _numel(model.aux_embed),
     }
     total = sum(p.numel() for p in model.parameters())
     assert sum(components.values()) == total, "model card misses a parameter group"
