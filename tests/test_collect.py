@@ -228,3 +228,23 @@ def test_write_read_roundtrip_and_stable_masks(tmp_path):
     ids = [(f"x{i}", e.task, e.seed) for i, e in enumerate(reversed(eps))]
     _, valid2 = split_masks(ids, 0.2)
     assert {(t, s) for n, t, s in ids if n in valid2} == {(eps[int(n[5:])].task, eps[int(n[5:])].seed) for n in valid}
+
+
+def test_noisy_collection_keeps_the_experts_clean_labels(tmp_path):
+    """DART: the env executes the noisy action (so replay uses `actions`), the policy can learn the
+    expert's noise-free one (`expert_actions`), read through `ObsKeys(actions=...)`."""
+    out = tmp_path / "dart.hdf5"
+    argv = ["--tasks", REACH, "--episodes-per-task", "2", "--noise", "0.3", "--out", str(out), "--quiet"]
+    assert collect_main([*argv, "--workers", "1"]) == 0
+    assert validate(out) == []
+    with open_dataset(out) as f:
+        name = demo_names(f)[0]
+        executed = read_demo(f, name, images=False).actions
+        clean = read_demo(f, name, ObsKeys(actions="expert_actions"), images=False).actions
+    assert executed.shape == clean.shape and np.abs(clean).max() <= 1.0
+    assert np.abs(executed[:, :3] - clean[:, :3]).mean() > 0.05  # the noise is in what was executed
+    np.testing.assert_array_equal(executed[:, 3], clean[:, 3])  # the gripper command is never noised
+    quiet = tmp_path / "quiet.hdf5"
+    assert collect_main(["--tasks", REACH, "--episodes-per-task", "1", "--out", str(quiet), "--quiet"]) == 0
+    with open_dataset(quiet) as f, pytest.raises(DatasetError, match="has no 'expert_actions'"):
+        read_demo(f, demo_names(f)[0], ObsKeys(actions="expert_actions"), images=False)

@@ -6,6 +6,8 @@ Layout (robomimic-compatible; robomimic/LIBERO files are readable through `ObsKe
                                      failed_seeds (JSON {task: [seed, ...]}, optional)
     data/demo_<i>/            attrs: num_samples, instruction, task, seed, success
         actions  (T, A) float32 in [-1, 1]; action t is applied in state t
+        expert_actions (T, A) float32, with --noise only: the expert's action before its noise
+                 (DART labels: the data visits perturbed states, the labels say how to recover)
         rewards  (T,)   float32
         dones    (T,)   uint8, 1 on the last step
         states   (T, S) float64, full physics state BEFORE action t (exact replay)
@@ -68,6 +70,7 @@ class Episode:
     states: np.ndarray  # (T, S) float64, physics state before action t
     obs: dict[str, np.ndarray]  # "image" (T, H, W, 3) uint8, "proprio" (T, P) float32, ...
     success: bool = True  # did the episode reach the task's success condition
+    expert_actions: np.ndarray | None = None  # (T, A) the expert's noise-free action in state t (DART labels)
 
     @property
     def num_samples(self) -> int:
@@ -99,6 +102,8 @@ def write_episode(group: h5py.Group, ep: Episode) -> None:
         g.create_dataset(name, data=arr, fletcher32=True, chunks=kw.pop("chunks", True), **kw)
 
     put(group, "actions", ep.actions, np.float32)
+    if ep.expert_actions is not None:
+        put(group, "expert_actions", ep.expert_actions, np.float32)
     put(group, "rewards", ep.rewards, np.float32)
     put(group, "dones", ep.dones, np.uint8)
     put(group, "states", ep.states, np.float64)
@@ -253,6 +258,7 @@ class ObsKeys:
     proprio: tuple[str, ...] = ("proprio",)  # obs/<key> arrays, flattened and concatenated
     wrist_image: str | None = None  # obs/<key>: optional second camera
     instruction: str | None = None  # used when a demo has no instruction (nor LIBERO problem_info)
+    actions: str = "actions"  # <demo>/<key> the policy learns: "expert_actions" = noise-free DART labels
 
     def __post_init__(self) -> None:
         if isinstance(self.proprio, str):  # a single key is fine too
@@ -375,6 +381,8 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
     g = f["data"][name]
     meta = demo_meta(f, name, keys)
     obs = g["obs"]
+    if keys.actions not in g:
+        raise DatasetError(f"{f.filename}: {name} has no '{keys.actions}' (collect with --noise for expert_actions)")
     for k in (*keys.proprio, *((keys.image,) if images else ())):
         if k not in obs:
             raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {', '.join(sorted(obs))}); set ObsKeys")
@@ -388,7 +396,7 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
         task=meta["task"],
         seed=meta["seed"],
         instruction=meta["instruction"],
-        actions=np.asarray(g["actions"][()], dtype=np.float32),
+        actions=np.asarray(g[keys.actions][()], dtype=np.float32),
         proprio=proprio,
         image=np.asarray(obs[keys.image][()]) if images else None,
         wrist_image=np.asarray(obs[keys.wrist_image][()]) if images and keys.wrist_image else None,

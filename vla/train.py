@@ -48,6 +48,7 @@ class DataConfig:
     augment_shift: int = 4  # random-shift augmentation, pixels (pad + random crop); 0 = off
     action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
     aux_key: str = ""  # obs/<key> of privileged object positions for an auxiliary loss ("" = none)
+    action_key: str = "actions"  # <demo>/<key> to imitate; "expert_actions" = noise-free labels (DART)
 
 
 @dataclass
@@ -232,6 +233,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         image=cfg.data.image_key,
         proprio=tuple(cfg.data.proprio_keys),
         instruction=cfg.data.instruction or None,
+        actions=cfg.data.action_key,
     )
 
     # ---- tokenizers: fitted once on the training split, or read back on resume

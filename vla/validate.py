@@ -37,8 +37,8 @@ _SCHEMA: dict[str, tuple[tuple[Any, ...], int]] = {
     "obs/image": ((np.uint8,), 4),
     "obs/proprio": ((np.float32,), 2),
 }
-_OPTIONAL = {"obs/wrist_image": ((np.uint8,), 4)}
-_FINITE = ("actions", "rewards", "states", "obs/proprio")
+_OPTIONAL = {"obs/wrist_image": ((np.uint8,), 4), "expert_actions": ((np.float32,), 2)}
+_FINITE = ("actions", "expert_actions", "rewards", "states", "obs/proprio")
 
 
 def _dtype_ok(dtype: np.dtype, allowed: tuple[Any, ...]) -> bool:
@@ -200,7 +200,7 @@ class _Checker:
         if bad.any():
             steps = np.unique(np.nonzero(bad)[0])
             self.add(where, f"{int(bad.sum())} NaN/Inf values (first at step {int(steps[0])})")
-        if key == "actions":
+        if key in ("actions", "expert_actions"):
             over = np.abs(np.where(bad, 0.0, x)) > ACTION_LIMIT + ACTION_TOL
             if over.any():
                 t, d = (int(v[0]) for v in np.nonzero(over))

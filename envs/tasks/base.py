@@ -170,6 +170,7 @@ class Expert:
 
     def act(self, obs=None) -> np.ndarray:
         action = self.plan()
+        self.clean_action = np.clip(action, -1.0, 1.0).astype(np.float32)  # before noise: a DART label
         if self.noise > 0:
             action[:3] += self.rng.normal(0.0, self.noise, size=3)
         return np.clip(action, -1.0, 1.0).astype(np.float32)
