@@ -1,6 +1,6 @@
 """Ablations of the demo policy: time encoding, window length, action chunking, action bins.
 
-    python scripts/ablate.py --data data/demo.hdf5 --steps 1500 --episodes 20
+    python scripts/ablate.py --data data/demo.hdf5 --steps 1000 --episodes 10
 
 Trains each variant of configs/demo.yaml (the same data, seed and step budget), evaluates it in
 closed loop on fresh seeds, measures its control-step latency with a short vla-deploy run, and
@@ -18,11 +18,10 @@ import time
 from pathlib import Path
 
 VARIANTS: dict[str, list[str]] = {
-    "demo: relative time, K=4, chunk 4, 256 bins": [],
+    "demo: relative time, K=2, chunk 4, 256 bins": [],
     "absolute time (learned)": ["model.time_encoding=learned"],
-    "absolute time (sinusoidal)": ["model.time_encoding=sinusoidal"],
     "window K=1": ["model.window=1"],
-    "window K=8": ["model.window=8"],
+    "window K=4": ["model.window=4"],
     "no chunking (chunk 1)": ["model.chunk=1"],
     "64 bins": ["model.action_bins=64"],
 }
@@ -39,8 +38,8 @@ def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", default="data/demo.hdf5")
     parser.add_argument("--out", default="runs/ablate")
-    parser.add_argument("--steps", type=int, default=1500, help="training steps per variant")
-    parser.add_argument("--episodes", type=int, default=20, help="evaluation episodes per task")
+    parser.add_argument("--steps", type=int, default=1000, help="training steps per variant")
+    parser.add_argument("--episodes", type=int, default=10, help="evaluation episodes per task")
     parser.add_argument("--only", default="", help="comma-separated variant numbers to run (default all)")
     parser.add_argument("--doc", default="docs/ablations.md")
     args = parser.parse_args(argv)

@@ -28,7 +28,10 @@ timed experts python -m envs --episodes "$EVAL_EPISODES" --seed 100000 --json "$
 stage "2/6 collect $EPISODES_PER_TASK demonstrations per task into $DATA"
 resume=""
 if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
-timed collect vla-collect --tasks all --episodes-per-task "$EPISODES_PER_TASK" --workers 2 --out "$DATA" --seed 0 $resume
+# --noise: the expert's motion is perturbed and its clean action recorded too (DART), so the data shows
+# how to recover from the drift a learned policy has; configs/demo.yaml trains on those labels.
+timed collect vla-collect --tasks all --episodes-per-task "$EPISODES_PER_TASK" --workers 2 --out "$DATA" --seed 0 \
+  --noise 0.3 $resume
 vla-data validate "$DATA"
 
 stage "3/6 train configs/demo.yaml into $RUN"
