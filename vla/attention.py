@@ -70,7 +70,8 @@ def plot_attention(result: dict, out_dir: Path, tag: str) -> list[Path]:
             ax.set_yticks(range(len(words)))
             ax.set_yticklabels(words, fontsize=7)
             ax.invert_yaxis()
-            ax.set_title(f"words {maps['words'][h].sum():.0%}, other steps/proprio {maps['other'][h]:.0%}", fontsize=7)
+            other = maps["other"][h]  # keypoints, proprio, earlier steps, own action slots
+            ax.set_title(f"words {maps['words'][h].sum():.0%}, other tokens {other:.0%}", fontsize=7)
             ax.tick_params(axis="x", labelsize=6)
         fig.suptitle(f"{tag}: layer {layer}, attention of the first action token", fontsize=9)
         fig.tight_layout()
