@@ -201,9 +201,6 @@ class PatchEmbed(nn.Module):
                 c_in = c_out
             self.proj = nn.ModuleList(convs)
             self.film = nn.ModuleList(films) if cfg.film else None
-            axis = torch.linspace(-0.5, 0.5, cfg.image_size)
-            ys, xs = torch.meshgrid(axis, axis, indexing="ij")  # (H, W) each
-            self.register_buffer("coords", torch.stack([ys, xs]), persistent=False)  # (2, H, W)
         self.row = nn.Parameter(torch.zeros(g, d))
         self.col = nn.Parameter(torch.zeros(g, d))
         self.camera = nn.Parameter(torch.zeros(cfg.n_cameras, d))
@@ -225,15 +222,15 @@ class PatchEmbed(nn.Module):
             axis = torch.linspace(-1.0, 1.0, (cfg.image_size + 1) // 2)
             ys, xs = torch.meshgrid(axis, axis, indexing="ij")
             self.register_buffer("kp_coords", torch.stack([ys.flatten(), xs.flatten()], 1), persistent=False)
-        if cfg.patch_embed == "linear" and cfg.keypoints:
+        if cfg.patch_embed == "conv" or cfg.keypoints:  # coordinate channels of the conv inputs
             axis = torch.linspace(-0.5, 0.5, cfg.image_size)
-            ys, xs = torch.meshgrid(axis, axis, indexing="ij")
+            ys, xs = torch.meshgrid(axis, axis, indexing="ij")  # (H, W) each
             self.register_buffer("coords", torch.stack([ys, xs]), persistent=False)  # (2, H, W)
 
     def forward(self, image: torch.Tensor, context: torch.Tensor | None = None) -> torch.Tensor:
         """(B, T, C, H, W, 3) uint8 -> (B, T, C * g * g, d); patches row-major, cameras in order.
 
-        `context` (B, d): the instruction summary that conditions the stem when cfg.film."""
+        `context` (B, 2d): the instruction summary that conditions the stem when cfg.film."""
         return self.project(image, context) + self.positions()  # (B, T, C*g*g, d)
 
     def positions(self) -> torch.Tensor:
@@ -243,16 +240,22 @@ class PatchEmbed(nn.Module):
             pos = torch.cat([pos, self.kp_id], dim=0)  # (g*g + M, d)
         return (self.camera[:, None, :] + pos).flatten(0, 1)  # (C*(g*g + M), d)
 
+    @staticmethod
+    def film_gelu(x: torch.Tensor, film: nn.Linear | None, context: torch.Tensor | None) -> torch.Tensor:
+        """GELU of feature maps x (N, c, h, w), first scaled and shifted per channel by `film(context)`
+        when there is a FiLM layer; context (B, 2d) is shared by the N / B images of each batch row."""
+        if film is not None:
+            gamma, beta = film(context).repeat_interleave(x.shape[0] // context.shape[0], 0).chunk(2, 1)  # (N, c)
+            x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]  # (N, c, h, w)
+        return F.gelu(x)
+
     def keypoints(self, x: torch.Tensor, context: torch.Tensor | None) -> torch.Tensor:
         """(N, 5, H, W) pixels + coordinates -> (N, M, d) keypoint tokens: (x, y, strength) of each map.
 
-        context (B, d) conditions the maps when cfg.film (N = B * steps * cameras)."""
-        for i, conv in enumerate(self.kp_convs[:-1]):
-            x = conv(x)  # (N, c, h, w)
-            if self.kp_film is not None:
-                gamma, beta = self.kp_film[i](context).repeat_interleave(x.shape[0] // context.shape[0], 0).chunk(2, 1)
-                x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]
-            x = F.gelu(x)
+        context (B, 2d) conditions the maps when cfg.film (N = B * steps * cameras)."""
+        films = self.kp_film if self.kp_film is not None else [None] * (len(self.kp_convs) - 1)
+        for conv, film in zip(self.kp_convs[:-1], films, strict=True):
+            x = self.film_gelu(conv(x), film, context)  # (N, c, h, w)
         heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
         att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
         where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
@@ -267,27 +270,23 @@ class PatchEmbed(nn.Module):
         cfg = self.cfg
         p, B, T = cfg.patch_size, image.shape[0], image.shape[1]
         x = image.to(self.row.dtype) / 255.0 - 0.5  # (B, T, C, H, W, 3) in [-0.5, 0.5]
-        kp = None
-        if cfg.keypoints:
+        if cfg.patch_embed == "conv" or cfg.keypoints:  # conv inputs: pixels + coordinates, built once
             pix = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
             coords = self.coords.to(pix.dtype).expand(pix.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
-            kp = self.keypoints(torch.cat([pix, coords], dim=1), context)  # (B*T*C, M, d)
+            pix = torch.cat([pix, coords], dim=1)  # (B*T*C, 5, H, W)
+        kp = None
+        if cfg.keypoints:
+            kp = self.keypoints(pix, context)  # (B*T*C, M, d)
             kp = rearrange(kp, "(b t c) m d -> b t c m d", b=B, t=T)  # (B, T, C, M, d)
         if cfg.patch_embed == "linear":
             x = rearrange(x, "b t c (h p1) (w p2) ch -> b t c (h w) (p1 p2 ch)", p1=p, p2=p)  # (B, T, C, g*g, p*p*3)
             x = self.proj(x)  # (B, T, C, g*g, d)
         else:
-            x = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
-            coords = self.coords.to(x.dtype).expand(x.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
-            x = torch.cat([x, coords], dim=1)  # (B*T*C, 5, H, W)
-            for i, conv in enumerate(self.proj):
-                x = conv(x)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
-                if i == len(self.proj) - 1:
-                    break  # (B*T*C, d, g, g)
-                if self.film is not None:
-                    gamma, beta = self.film[i](context).repeat_interleave(x.shape[0] // B, 0).chunk(2, dim=1)
-                    x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]  # (B*T*C, c_i, h, w)
-                x = F.gelu(x)
+            x = pix  # (B*T*C, 5, H, W)
+            films = self.film if self.film is not None else [None] * (len(self.proj) - 1)
+            for conv, film in zip(self.proj[:-1], films, strict=True):
+                x = self.film_gelu(conv(x), film, context)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
+            x = self.proj[-1](x)  # (B*T*C, d, g, g)
             x = rearrange(x, "(b t c) d h w -> b t c (h w) d", b=B, t=T)  # (B, T, C, g*g, d)
         if kp is not None:
             x = torch.cat([x, kp], dim=3)  # (B, T, C, g*g + M, d)
