@@ -15,6 +15,7 @@ import numpy as np
 import torch
 
 from vla.model import SEG_ACTION, SEG_IMAGE, SEG_INSTRUCTION
+from vla.tokenizers import PAD_ID
 
 
 def first_action_attention(policy) -> dict:
@@ -30,7 +31,7 @@ def first_action_attention(policy) -> dict:
     patches = torch.nonzero((step == T - 1) & (seg == SEG_IMAGE))[:, 0][: cfg.grid**2]  # first camera's patches
     words = torch.nonzero(seg == SEG_INSTRUCTION)[:, 0]
     ids = batch["instruction"][0].tolist()
-    real = [i for i, tok in enumerate(ids) if tok != 0]  # pad id 0: masked keys, nothing to show
+    real = [i for i, tok in enumerate(ids) if tok != PAD_ID]  # padding: masked keys, nothing to show
     pieces = [policy.tok.text.decode([ids[i]]) or "<bos>" for i in real]
     per_layer = []
     for att in maps:

@@ -97,7 +97,7 @@ def rollout(env, expert, task: str, seed: int) -> Episode:
         if "object" in frames:
             frames["object"].append(np.asarray(info["object"], dtype=np.float32))
         action = np.clip(np.asarray(expert.act(obs), dtype=np.float32), -1.0, 1.0)
-        labels.append(getattr(expert, "clean_action", action))
+        labels.append(expert.clean_action)
         obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)
         rewards.append(reward)
@@ -117,7 +117,7 @@ def rollout(env, expert, task: str, seed: int) -> Episode:
         states=np.stack(states).astype(np.float64),
         obs={k: np.stack(v) for k, v in frames.items()},
         success=success,
-        expert_actions=np.stack(labels) if getattr(expert, "noise", 0) > 0 else None,
+        expert_actions=np.stack(labels) if expert.noise > 0 else None,
     )
 
 

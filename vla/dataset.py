@@ -71,6 +71,13 @@ def fit_tokenizers(
     )
 
 
+def _left_pad(steps: np.ndarray, K: int) -> torch.Tensor:
+    """(n, ...) the window's real steps -> (K, ...), zeros first (an episode's first K - 1 windows)."""
+    out = np.zeros((K, *steps.shape[1:]), dtype=steps.dtype)
+    out[K - len(steps) :] = steps
+    return torch.from_numpy(out)
+
+
 class WindowDataset(Dataset):
     """Windows of K steps over the demos of one split; item -> dict of tensors (see `__getitem__`)."""
 
@@ -149,30 +156,21 @@ class WindowDataset(Dataset):
         d, t = (int(v) for v in self.index[i])
         K = self.window
         start = max(0, t - K + 1)
-        n = t - start + 1  # real steps; the first K - n slots are padding
-        pad = K - n
-        frames = self._frames(d, start, t + 1)  # (n, H, W, 3)
-        image = np.zeros((K, 1, *frames.shape[1:]), dtype=np.uint8)  # (K, n_cam=1, H, W, 3)
-        image[pad:, 0] = frames
-        proprio = np.zeros((K, self.proprio[d].shape[1]), dtype=np.float32)
-        proprio[pad:] = self.proprio[d][start : t + 1]
-        actions = np.zeros((K, self.actions[d].shape[1]), dtype=np.int64)
-        actions[pad:] = self.actions[d][start : t + 1]
+        pad = K - (t + 1 - start)  # the first `pad` slots are padding (an episode's first K - 1 steps)
+        image = _left_pad(self._frames(d, start, t + 1)[:, None], K)  # (K, n_cam=1, H, W, 3)
         timestep = np.arange(t - K + 1, t + 1, dtype=np.int64).clip(min=0)  # episode step index
         step_mask = np.arange(K) >= pad
         item = {
             "instruction": torch.from_numpy(self.instructions[d]),
-            "image": torch.from_numpy(image),
-            "proprio": torch.from_numpy(proprio),
+            "image": image,
+            "proprio": _left_pad(self.proprio[d][start : t + 1], K),  # (K, P)
             "timestep": torch.from_numpy(timestep),
             "step_mask": torch.from_numpy(step_mask),
-            "actions": torch.from_numpy(actions),
+            "actions": _left_pad(self.actions[d][start : t + 1], K),  # (K, chunk*A)
             "demo": torch.tensor(d),
         }
         if self.aux:
-            aux = np.zeros((K, self.aux[d].shape[1]), dtype=np.float32)
-            aux[pad:] = self.aux[d][start : t + 1]
-            item["aux"] = torch.from_numpy(aux)
+            item["aux"] = _left_pad(self.aux[d][start : t + 1], K)  # (K, aux_dim)
         return item
 
     def __getstate__(self):
