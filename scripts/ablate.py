@@ -44,6 +44,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--only", default="", help="comma-separated variant numbers to run (default all)")
     parser.add_argument("--doc", default="docs/ablations.md")
     args = parser.parse_args(argv)
+    if not Path(args.data).is_file():
+        parser.error(f"--data {args.data}: no such file (make demo collects data/demo.hdf5)")
     chosen = {int(i) for i in args.only.split(",") if i} or set(range(len(VARIANTS)))
     rows = []
     for i, (name, overrides) in enumerate(VARIANTS.items()):
@@ -95,4 +97,7 @@ def main(argv: list[str] | None = None) -> int:
 
 
 if __name__ == "__main__":
-    sys.exit(main())
+    try:
+        sys.exit(main())
+    except subprocess.CalledProcessError as e:  # the failing command already said why
+        sys.exit(f"ablate: error: `{' '.join(e.cmd)}` exited {e.returncode}")
