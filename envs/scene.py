@@ -61,6 +61,16 @@ class TabletopScene:
         self._wrist = CameraRenderer(m, "wrist", image_size, image_size) if wrist_camera else None
 
     # ---- reading the scene -------------------------------------------------------------------
+    def project(self, points: np.ndarray, camera: str = "front") -> np.ndarray:
+        """World points (n, 3) metres -> where they appear in `camera`'s image: (n, 2) (row, column),
+        scaled so -1 / +1 are the top / bottom and left / right image edges (pinhole, square image)."""
+        cam = self.model.camera(camera).id
+        axes = self.data.cam_xmat[cam].reshape(3, 3)  # columns: camera x (right), y (up), z (backward)
+        rel = (np.asarray(points, dtype=np.float64) - self.data.cam_xpos[cam]) @ axes  # (n, 3) camera frame
+        depth = -rel[:, 2]  # distance in front of the camera along its view axis
+        focal = 1.0 / np.tan(np.radians(self.model.cam_fovy[cam]) / 2)  # edge of the image at +-1
+        return np.stack([-rel[:, 1], rel[:, 0]], axis=1) * focal / depth[:, None]  # (n, 2)
+
     @property
     def ee_pos(self) -> np.ndarray:
         """Position of the grip point between the fingertips, metres (3,)."""

@@ -39,8 +39,9 @@ class TabletopEnv(gym.Env):
     Reward: the sum of the task's dense shaped terms (reported one by one in `info`), plus 10 on success.
     Episodes terminate on success and are truncated at the task's `max_episode_steps` (TimeLimit).
     info: "success" (bool), "task" (str), "instruction", the task's reward terms ("reward_*"), and
-        "object": float32 (6,), the named block's xyz and its goal's xyz (privileged state: datasets
-        record it for auxiliary training losses; policies never see it).
+        "object": float32 (6,), the named block's xyz and its goal's xyz, and "object_px": float32 (4,),
+        the same two points in the front image as (row, column) pairs, -1..1 edge to edge (privileged
+        state: datasets record them for auxiliary training losses; policies never see them).
     Every reset draws colours (from a palette of 6), positions and yaw of three blocks, two target
     zones and a bin, so the instruction is needed to know which object and which task is meant.
     """
@@ -126,6 +127,7 @@ class TabletopEnv(gym.Env):
         info = {f"reward_{k}": v for k, v in terms.items()}
         info.update(success=bool(success), task=self.task_name, instruction=self.instruction)
         info["object"] = self.task.key_positions(self.scene, self.layout)
+        info["object_px"] = self.scene.project(info["object"].reshape(-1, 3)).astype(np.float32).reshape(-1)
         return info
 
     # Exact replay: the full physics state; colours and roles come from the reset seed.

@@ -70,6 +70,7 @@ def test_layout_of_a_collected_file(small):
             assert img.dtype == np.uint8 and img.shape == (t, 64, 64, 3)
             assert img.chunks == (1, 64, 64, 3) and img.compression == "gzip" and img.fletcher32
             assert g["obs/proprio"].dtype == np.float32 and g["obs/proprio"].shape == (t, 9)
+            assert g["obs/object"].shape == (t, 6) and g["obs/object_px"].shape == (t, 4)  # privileged targets
         assert int(data.attrs["total"]) == total
         train = {n.decode() for n in f["mask/train"][()]}
         valid = {n.decode() for n in f["mask/valid"][()]}

@@ -5,6 +5,7 @@ import subprocess
 import sys
 
 import gymnasium as gym
+import mujoco
 import numpy as np
 import pytest
 from gymnasium.utils.env_checker import check_env
@@ -157,3 +158,20 @@ def test_missing_gl_backend_is_one_clear_error():
     assert result.returncode != 0
     assert "offscreen rendering is unavailable" in result.stderr
     assert "glfw" in result.stderr
+
+
+def test_object_px_is_where_the_named_block_appears_in_the_image(env):
+    """info["object_px"] projects the named block through the front camera: taking the block out of the
+    scene changes exactly the pixels around that point (their centroid is within a pixel of it)."""
+    base = env.unwrapped
+    for seed in range(3):
+        obs, info = env.reset(seed=seed)
+        px = info["object_px"]
+        assert px.shape == (4,) and px.dtype == np.float32 and np.all(np.abs(px) < 1)
+        base.scene.place_block(base.layout.roles["block"], np.array([5.0, 5.0]), 0.0)  # far out of view
+        mujoco.mj_forward(base.scene.model, base.scene.data)
+        changed = np.abs(base.scene.render().astype(int) - obs["image"].astype(int)).sum(-1) > 30  # (64, 64)
+        rows, cols = np.nonzero(changed)
+        assert 4 <= len(rows) <= 80, len(rows)  # one 4 cm block: a few pixels at 64 px
+        centroid = (np.array([rows.mean(), cols.mean()]) + 0.5) / 64 * 2 - 1  # pixel centres, -1..1
+        assert np.abs(centroid - px[:2]).max() < 1.5 * 2 / 64, (seed, centroid, px[:2])

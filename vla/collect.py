@@ -86,16 +86,17 @@ def rollout(env, expert, task: str, seed: int) -> Episode:
     instruction = obs["instruction"]
     keys = [k for k in obs if k != "instruction"]
     frames: dict[str, list[np.ndarray]] = {k: [] for k in keys}
-    if "object" in info:  # privileged object state, robomimic's obs/object: auxiliary training targets
-        frames["object"] = []
+    privileged = [k for k in ("object", "object_px") if k in info]  # robomimic's obs/object: training targets
+    for k in privileged:
+        frames[k] = []
     states, actions, rewards, labels = [], [], [], []
     success = False
     while True:
         states.append(base.get_state())
         for k in keys:
             frames[k].append(obs[k])
-        if "object" in frames:
-            frames["object"].append(np.asarray(info["object"], dtype=np.float32))
+        for k in privileged:
+            frames[k].append(np.asarray(info[k], dtype=np.float32))
         action = np.clip(np.asarray(expert.act(obs), dtype=np.float32), -1.0, 1.0)
         labels.append(expert.clean_action)
         obs, reward, terminated, truncated, info = env.step(action)
