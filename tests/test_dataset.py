@@ -76,3 +76,17 @@ def test_auxiliary_targets_are_the_recorded_object_positions(tiny_dataset, token
     assert float(ds[0]["aux"][0].abs().sum()) == 0.0  # padding step
     with pytest.raises(Exception, match="no 'nothing'"):
         WindowDataset(tiny_dataset, "train", tokenizers, window=2, chunk=1, instruction_len=12, aux_key="nothing")
+
+
+def test_keypoint_targets_are_the_recorded_image_positions(tiny_dataset, tokenizers):
+    ds = WindowDataset(
+        tiny_dataset, "train", tokenizers, window=2, chunk=1, instruction_len=12, keypoint_key="object_px"
+    )
+    with open_dataset(tiny_dataset) as f:
+        recorded = f["data"][ds.names[0]]["obs"]["object_px"][()]  # (T, 4): block (row, col), goal (row, col)
+    item = ds[1]
+    assert item["keypoint_targets"].shape == (2, 2, 2)
+    np.testing.assert_array_equal(item["keypoint_targets"].numpy(), recorded[:2].reshape(2, 2, 2))
+    assert float(ds[0]["keypoint_targets"][0].abs().sum()) == 0.0  # padding step
+    with pytest.raises(Exception, match="no 'nothing' for keypoint targets"):
+        WindowDataset(tiny_dataset, "train", tokenizers, window=2, chunk=1, instruction_len=12, keypoint_key="nothing")

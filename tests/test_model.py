@@ -417,3 +417,53 @@ def test_attention_maps():
 def test_replace_keeps_validation():
     with pytest.raises(ValueError, match="n_head"):
         dataclasses.replace(tiny(), n_head=5)
+
+
+def _two_squares(B: int, cfg: ModelConfig, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(B, 1, 1, H, W, 3) images with a red and a green 2x2 square at random places, which one is named
+    (0 red, 1 green), and each image's two square centres as (row, column) in -1..1."""
+    H = cfg.image_size
+    image = torch.zeros(B, 1, 1, H, H, 3, dtype=torch.uint8)
+    corners = torch.randint(0, H - 2, (B, 2, 2), generator=g)  # (B, square, (row, col))
+    for b in range(B):
+        for s in range(2):
+            r, c = corners[b, s].tolist()
+            image[b, 0, 0, r : r + 2, c : c + 2, s] = 255  # red square in channel 0, green in channel 1
+    centres = (corners.float() + 1.0) / H * 2 - 1  # (B, 2, 2): a 2x2 square's centre is at its corner + 1
+    return image, torch.randint(0, 2, (B,), generator=g), centres
+
+
+def test_keypoint_targets_teach_an_instruction_conditioned_keypoint():
+    """The heat-map loss makes keypoint 0 follow whichever square the instruction names: after a short
+    training it lands on the named square, and renaming the other square moves it there."""
+    model = make_model(patch_embed="conv", keypoints=2, film=True, window=1).train()
+    cfg = model.cfg
+    opt = torch.optim.Adam(model.parameters(), lr=3e-3)
+    g = torch.Generator().manual_seed(0)
+
+    def batch_for(image, named):
+        batch = make_batch(cfg, B=len(image), T=1)
+        batch["image"], batch["instruction"][:, 1] = image, 2 + named  # word 2 = "red", 3 = "green"
+        return batch
+
+    losses = []
+    for _ in range(150):
+        image, named, centres = _two_squares(32, cfg, g)
+        batch = batch_for(image, named)
+        batch["keypoint_targets"] = centres[torch.arange(32), named][:, None, None]  # (B, T=1, n=1, 2)
+        loss = model(batch)["keypoint_loss"]
+        opt.zero_grad()
+        loss.backward()
+        opt.step()
+        losses.append(loss.item())
+    assert sum(losses[-10:]) / 10 < sum(losses[:10]) / 10 - 1.0  # nats; the target's own entropy is ~2
+    model.eval()
+    image, named, centres = _two_squares(64, cfg, g)
+    for which in (named, 1 - named):
+        with torch.no_grad():
+            model(batch_for(image, which))
+        where = model.patch_embed.last_where[:, 0]  # (B, 2) keypoint 0
+        err = (where - centres[torch.arange(64), which]).norm(dim=-1)
+        assert err.median() < 0.2, err.median()  # a fifth of the half-width: within ~1.5 pixels of 16
+    with pytest.raises(ValueError, match="keypoint targets need keypoints >= 3"):
+        model(dict(batch, keypoint_targets=torch.zeros(32, 1, 3, 2)))

@@ -59,6 +59,8 @@ def test_config_errors_are_one_line(tiny_dataset, tmp_path, capsys):
     assert train(tiny_dataset, tmp_path / "r", "model.n_layr=3") == 2
     err = capsys.readouterr().err.strip()
     assert err == "vla-train: error: unknown key 'model.n_layr'; did you mean 'n_layer'?"
+    assert train(tiny_dataset, tmp_path / "r", "data.keypoint_key=object_px", "data.augment_shift=4") == 2
+    assert "needs augment_shift: 0" in capsys.readouterr().err
     assert train(tmp_path / "missing.hdf5", tmp_path / "r") == 2
     assert "no such file" in capsys.readouterr().err
     assert train(tiny_dataset, tmp_path / "r", "train.steps=2") == 0

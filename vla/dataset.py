@@ -92,6 +92,7 @@ class WindowDataset(Dataset):
         keys: ObsKeys | None = None,
         preload: bool = False,
         aux_key: str = "",
+        keypoint_key: str = "",
     ):
         keys = keys or ObsKeys()
         self.path, self.split, self.keys = str(path), split, keys
@@ -102,11 +103,13 @@ class WindowDataset(Dataset):
             self.names = demo_names(f, split)
             metas = [demo_meta(f, n, keys) for n in self.names]
             # Actions, proprio and instructions are small: tokenize them all once, up front.
-            self.actions, self.proprio, self.instructions, self.aux = [], [], [], []
+            self.actions, self.proprio, self.instructions, self.aux, self.keypoint_targets = [], [], [], [], []
             for name in self.names:
                 demo = read_demo(f, name, keys, images=False)
                 if aux_key:
                     self.aux.append(self._aux_targets(f, name, aux_key, demo.proprio))
+                if keypoint_key:
+                    self.keypoint_targets.append(self._keypoint_targets(f, name, keypoint_key))
                 self.actions.append(self._action_targets(demo.actions))
                 self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
                 self.instructions.append(
@@ -134,6 +137,20 @@ class WindowDataset(Dataset):
         pos = np.asarray(obs[key][()], dtype=np.float32)  # (T, 3n)
         rel = pos.reshape(len(pos), -1, 3) - proprio[:, None, :3]  # (T, n, 3)
         return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
+
+    @staticmethod
+    def _keypoint_targets(f, name: str, key: str) -> np.ndarray:
+        """(T, n, 2) float32: obs/<key>, where n points (the named block, its goal) appear in the image
+        as (row, column) in -1..1: targets for the first n keypoints' heat maps."""
+        obs = f["data"][name]["obs"]
+        if key not in obs:
+            raise DatasetError(
+                f"{f.filename}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')"
+            )
+        px = np.asarray(obs[key][()], dtype=np.float32)  # (T, 2n)
+        if px.ndim != 2 or px.shape[1] % 2 or not np.isfinite(px).all():
+            raise DatasetError(f"{f.filename}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
+        return px.reshape(len(px), -1, 2)
 
     def _action_targets(self, actions: np.ndarray) -> np.ndarray:
         """(T, chunk * A) int64: tokens of actions t .. t+chunk-1, chunk-major, last action repeated."""
@@ -171,6 +188,8 @@ class WindowDataset(Dataset):
         }
         if self.aux:
             item["aux"] = _left_pad(self.aux[d][start : t + 1], K)  # (K, aux_dim)
+        if self.keypoint_targets:
+            item["keypoint_targets"] = _left_pad(self.keypoint_targets[d][start : t + 1], K)  # (K, n, 2)
         return item
 
     def __getstate__(self):

@@ -215,11 +215,16 @@ class PatchEmbed(nn.Module):
             )
             # With `film` the maps are conditioned on the instruction, so a keypoint can follow "the
             # named block" rather than "the red thing": the transformer then reads it at a fixed slot.
+            # Besides scaling hidden channels, the instruction gives each map a query that is matched
+            # against every pixel's features (heat = conv(x) + <x, q>): "orange" becomes a direction in
+            # feature space, a bilinear link that supervised keypoints learn in a few hundred steps.
             self.kp_film = nn.ModuleList([nn.Linear(2 * d, 2 * c) for _ in range(2)]) if cfg.film else None
+            self.kp_query = nn.Linear(2 * d, M * c) if cfg.film else None
             self.kp_sharpness = nn.Parameter(torch.tensor(math.log(20.0)))  # log inverse softmax temperature
             self.kp_proj = nn.Linear(3, d)  # (x, y, strength) -> d
             self.kp_id = nn.Parameter(torch.zeros(M, d))  # which keypoint a token is
-            axis = torch.linspace(-1.0, 1.0, (cfg.image_size + 1) // 2)
+            h = (cfg.image_size + 1) // 2
+            axis = (torch.arange(h) + 0.5) / h * 2 - 1  # pixel centres; -1 / +1 are the image edges
             ys, xs = torch.meshgrid(axis, axis, indexing="ij")
             self.register_buffer("kp_coords", torch.stack([ys.flatten(), xs.flatten()], 1), persistent=False)
         if cfg.patch_embed == "conv" or cfg.keypoints:  # coordinate channels of the conv inputs
@@ -257,10 +262,14 @@ class PatchEmbed(nn.Module):
         for conv, film in zip(self.kp_convs[:-1], films, strict=True):
             x = self.film_gelu(conv(x), film, context)  # (N, c, h, w)
         heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
+        if self.kp_query is not None:
+            c, M = x.shape[1], heat.shape[1]
+            q = self.kp_query(context).view(-1, M, c).repeat_interleave(x.shape[0] // context.shape[0], 0)  # (N, M, c)
+            heat = heat + torch.einsum("nmc,ncp->nmp", q, x.flatten(2)) / math.sqrt(c)  # (N, M, h*w)
         att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
         where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
         strength = (att * heat).sum(-1, keepdim=True)  # (N, M, 1): how strongly the map fired there
-        self.last_where = where  # (N, M, 2), read by the model's auxiliary loss in training
+        self.last_where, self.last_att = where, att  # read by the model's auxiliary losses in training
         if self.cfg.aux_dim:  # supervised keypoints: they learn only from the auxiliary target, and the
             where, strength = where.detach(), strength.detach()  # policy reads them as given features
         return self.kp_proj(torch.cat([where, strength], dim=-1))  # (N, M, d)
@@ -622,9 +631,10 @@ class ActionTransformer(nn.Module):
         batch: instruction (B, L) int64, image (B, T, n_cam, H, W, 3) uint8, proprio (B, T, P) float
         (normalized), timestep (B, T) int64, step_mask (B, T) bool (optional, False = left padding),
         actions (B, T, chunk*A) int64 bins (optional; targets, and the inputs of autoregressive slots),
-        aux (B, T, aux_dim) float (optional auxiliary regression targets, with cfg.aux_dim > 0).
-        Returns logits (B, T, chunk*A, bins); with actions also loss (scalar) and accuracy (A,), and
-        with aux also aux_loss (mean squared error).
+        aux (B, T, aux_dim) float (optional auxiliary regression targets, with cfg.aux_dim > 0),
+        keypoint_targets (B, T, n, 2) float (optional image positions for the first n keypoints).
+        Returns logits (B, T, chunk*A, bins); with actions also loss (scalar) and accuracy (A,), with
+        aux also aux_loss (mean squared error), with keypoint_targets also keypoint_loss (cross-entropy).
         Without actions, autoregressive logits are valid for slot 0 only (use `recompute` to decode)."""
         cfg = self.cfg
         B, T = batch["timestep"].shape
@@ -651,7 +661,26 @@ class ActionTransformer(nn.Module):
                     feats = h.view(B, T, cfg.n_action_tokens, cfg.d_model)[:, :, 0]  # (B, T, d): first action slot
                 err = (self.aux_head(feats).float() - batch["aux"].float()) ** 2  # (B, T, aux_dim)
                 out["aux_loss"] = (err * w).sum() / (n_real * cfg.aux_dim)
+            if "keypoint_targets" in batch:
+                ce = self.keypoint_loss(batch["keypoint_targets"])  # (B, T)
+                out["keypoint_loss"] = (ce * w[..., 0]).sum() / n_real
         return out
+
+    def keypoint_loss(self, targets: torch.Tensor) -> torch.Tensor:
+        """Cross-entropy of the first n heat maps of the last `project` call (first camera) against a
+        Gaussian of one pixel's width around where the n target points are: targets (B, T, n, 2)
+        (row, column) in -1..1 -> (B, T). A dense signal at every pixel, where a coordinate loss only
+        nudges the map's centre of mass: keypoints learn to find the named block in minutes, not hours."""
+        cfg = self.cfg
+        B, T, n = targets.shape[:3]
+        if not cfg.keypoints or n > cfg.keypoints:
+            raise ValueError(f"{n} keypoint targets need keypoints >= {n}, got keypoints={cfg.keypoints}")
+        att = self.patch_embed.last_att.view(B, T, cfg.n_cameras, cfg.keypoints, -1)[:, :, 0, :n]  # (B, T, n, h*w)
+        coords = self.patch_embed.kp_coords.to(att.dtype)  # (h*w, 2)
+        sigma = 0.8 * 2 / ((cfg.image_size + 1) // 2)  # 0.8 of a heat-map pixel, in -1..1 units
+        d2 = ((coords - targets[..., None, :].to(att.dtype)) ** 2).sum(-1)  # (B, T, n, h*w)
+        soft = (-d2 / (2 * sigma**2)).softmax(-1)  # (B, T, n, h*w): the target as a distribution
+        return -(soft * att.float().clamp_min(1e-9).log()).sum(-1).mean(-1)  # (B, T)
 
     @torch.no_grad()
     def attention_maps(self, batch: dict) -> list[torch.Tensor]:

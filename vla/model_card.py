@@ -33,7 +33,7 @@ def _patch_embed_flops(cfg: ModelConfig) -> int:
             c_in = c_out
     if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
         h, c = (cfg.image_size + 1) // 2, cfg.keypoint_channels
-        flops += h * h * 2 * (5 * 9 * c + c * 9 * c + c * cfg.keypoints)
+        flops += h * h * 2 * (5 * 9 * c + c * 9 * c + c * cfg.keypoints * (2 if cfg.film else 1))  # + queries
     return cfg.n_cameras * flops
 
 
@@ -61,7 +61,7 @@ def model_card(cfg: ModelConfig) -> dict:
         "patch embed FiLM (instruction -> stem)": _numel(getattr(model.patch_embed, "film", None))
         + _numel(model.film_pool),
         "image keypoints (spatial softmax)": sum(
-            _numel(getattr(model.patch_embed, n, None)) for n in ("kp_convs", "kp_proj", "kp_film")
+            _numel(getattr(model.patch_embed, n, None)) for n in ("kp_convs", "kp_proj", "kp_film", "kp_query")
         )
         + sum(getattr(model.patch_embed, n).numel() for n in ("kp_id", "kp_sharpness") if cfg.keypoints),
         **{f"embed: {k}": v for k, v in embeddings.items()},

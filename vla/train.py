@@ -49,6 +49,14 @@ class DataConfig:
     action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
     aux_key: str = ""  # obs/<key> of privileged object positions for an auxiliary loss ("" = none)
     action_key: str = "actions"  # <demo>/<key> to imitate; "expert_actions" = noise-free labels (DART)
+    keypoint_key: str = ""  # obs/<key> of image positions the first keypoints must find ("" = none)
+
+    def __post_init__(self):
+        if self.keypoint_key and self.augment_shift:
+            raise ValueError(
+                f"keypoint_key={self.keypoint_key!r} needs augment_shift: 0 (a shifted frame moves the objects "
+                "away from their recorded image positions)"
+            )
 
 
 @dataclass
@@ -60,6 +68,7 @@ class OptimConfig:
     betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
     aux_weight: float = 0.5  # weight of the auxiliary loss (only with data.aux_key)
+    keypoint_weight: float = 1.0  # weight of the keypoint heat-map loss (only with data.keypoint_key)
 
     def __post_init__(self):
         if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2:
@@ -249,6 +258,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
     train_set = WindowDataset(
         data_path, cfg.data.train_split, tokenizers, cfg.model.window, cfg.model.chunk,
         cfg.model.instruction_len, keys, preload=cfg.data.preload, aux_key=cfg.data.aux_key,
+        keypoint_key=cfg.data.keypoint_key,
     )  # fmt: skip
     sample = train_set[0]
     # Fields the data decides: taken from it, so a preset works for any dataset.
@@ -275,6 +285,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
             valid_set = WindowDataset(
                 data_path, cfg.data.valid_split, tokenizers, cfg.model.window, cfg.model.chunk,
                 cfg.model.instruction_len, keys, preload=cfg.data.preload, aux_key=cfg.data.aux_key,
+                keypoint_key=cfg.data.keypoint_key,
             )  # fmt: skip
             valid_iter = iter(
                 torch.utils.data.DataLoader(
@@ -404,6 +415,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         loss = out_["loss"]
         if "aux_loss" in out_:  # the logged "loss" stays the action cross-entropy, comparable across runs
             loss = loss + cfg.optim.aux_weight * out_["aux_loss"]
+        if "keypoint_loss" in out_:
+            loss = loss + cfg.optim.keypoint_weight * out_["keypoint_loss"]
         optimizer.zero_grad(set_to_none=True)
         bad = not torch.isfinite(loss).item()
         if not bad:
@@ -436,7 +449,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
             record = {
                 "step": step,
                 "loss": last_loss,
-                **({"aux_loss": out_["aux_loss"].item()} if "aux_loss" in out_ else {}),
+                **{k: out_[k].item() for k in ("aux_loss", "keypoint_loss") if k in out_},
                 "lr": scheduler.get_last_lr()[0],
                 "grad_norm": float(grad_norm),
                 "tokens_per_s": tok_s,
