@@ -1,7 +1,7 @@
 """The demo's whole path at toy size: noisy collection -> configs/demo.yaml training -> eval -> deploy.
 
 `make demo` runs the same commands at full size (scripts/demo.sh); this keeps its configuration
-(FiLM, keypoints, the localization loss, DART labels) wired end to end in CI, in well under a minute."""
+(FiLM, keypoints, the localization losses, DART labels) wired end to end in CI, in well under a minute."""
 
 from __future__ import annotations
 
@@ -23,9 +23,9 @@ def test_demo_path_end_to_end_at_toy_size(tmp_path):
     r = run_cli("vla.train", "--config", "configs/demo.yaml", "--data", data, "--out", run, *tiny)
     assert r.returncode == 0, r.stderr
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
-    assert any("aux_loss" in m for m in metrics)  # the localization loss is on, as in the demo
+    assert any("aux_loss" in m and "keypoint_loss" in m for m in metrics)  # localization losses on, as in the demo
     policy = load_policy(run, device="cpu")
-    assert policy.cfg.film and policy.cfg.keypoints == 8 and policy.cfg.aux_dim == 6
+    assert policy.cfg.film and policy.cfg.keypoints == 8 and policy.cfg.aux_dim == 6 and policy.cfg.aux_feed
 
     r = run_cli("vla.evaluate", "--checkpoint", run, "--tasks", "reach", "--episodes-per-task", "1",
                 "--json", tmp_path / "eval.json")  # fmt: skip
