@@ -122,3 +122,23 @@ def test_load_policy_on_a_non_checkpoint_is_a_clear_error(tmp_path, tiny_checkpo
 def test_asking_for_cuda_without_one_is_a_clear_error(tiny_checkpoint):
     with pytest.raises(ValueError, match="no CUDA device"):
         load_policy(tiny_checkpoint, device="cuda")
+
+
+def test_expectation_readout_is_the_mean_over_bin_centres(tiny_checkpoint, obs):
+    """action_readout="expectation" returns, per slot, the probability-weighted mean of the bin centres
+    of the same logits the argmax readout picks its bin from; the two agree to within the spread."""
+    policy = load_policy(tiny_checkpoint, device="cpu")
+    policy.reset(obs["instruction"])
+    argmax = policy.act_chunk(obs)
+    policy.cfg.action_readout = "expectation"  # the checkpoint's config field, switched for this test
+    policy.reset(obs["instruction"])
+    captured = {}
+    step = policy.model.step
+    policy.model.step = lambda *a, **k: captured.setdefault("out", step(*a, **k))
+    mean = policy.act_chunk(obs)
+    probs = captured["out"].logits[0].softmax(-1).view(policy.chunk, policy.action_dim, -1).numpy()
+    expected = np.clip((probs * policy.tok.action.centres[None]).sum(-1), -1, 1)
+    np.testing.assert_allclose(mean, expected, rtol=1e-5, atol=1e-6)
+    assert not np.array_equal(mean, argmax)  # a tiny model's distributions are broad: the mean moves
+    tokens = captured["out"].tokens[0].view(policy.chunk, policy.action_dim).numpy()
+    np.testing.assert_array_equal(argmax, np.clip(policy.tok.action.decode(tokens), -1, 1).astype(np.float32))

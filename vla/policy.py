@@ -46,6 +46,7 @@ class Policy:
         self._cache = model.new_cache(1, self.device) if kv_cache else None
         self._history: deque = deque(maxlen=self.cfg.window)  # (image, proprio, timestep, tokens) per step
         self._instruction: torch.Tensor | None = None
+        self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
 
     @property
@@ -106,8 +107,15 @@ class Policy:
             out = self.model.recompute(window["instruction"], window["image"], window["proprio"], window["timestep"])
         self._history[-1][3] = out.tokens
         self.t += 1
-        tokens = out.tokens[0].view(self.cfg.chunk, self.cfg.action_dim).cpu().numpy()  # (chunk, A)
-        return np.clip(self.tok.action.decode(tokens), -1.0, 1.0).astype(np.float32)
+        if self.cfg.action_readout == "expectation":
+            # The mean of each slot's distribution over bin centres: sub-bin resolution, and where the
+            # model is torn between neighbouring bins it lands between them instead of on either.
+            probs = out.logits[0].float().softmax(-1).view(self.cfg.chunk, self.cfg.action_dim, -1)  # (chunk, A, bins)
+            values = (probs * self._centres).sum(-1).cpu().numpy()  # (chunk, A)
+        else:
+            tokens = out.tokens[0].view(self.cfg.chunk, self.cfg.action_dim).cpu().numpy()  # (chunk, A)
+            values = self.tok.action.decode(tokens)
+        return np.clip(values, -1.0, 1.0).astype(np.float32)
 
     def window_batch(self) -> dict:
         """The current window (the last K steps seen) as a model batch of one, oldest step first."""
