@@ -25,6 +25,7 @@ VARIANTS: dict[str, list[str]] = {
     "window K=4": ["model.window=4"],
     "no chunking (chunk 1)": ["model.chunk=1"],
     "64 bins": ["model.action_bins=64"],
+    "no keypoint heat-map targets": ['data.keypoint_key=""'],
 }
 
 
