@@ -45,3 +45,38 @@ def test_vla_eval_attention_writes_one_png_per_layer_and_step(tiny_checkpoint, t
     n_layer = load_policy(tiny_checkpoint).cfg.n_layer
     assert len(pngs) == 2 * n_layer
     assert pngs[0].startswith("Reach-v0_seed100000_step000_layer0")
+
+
+def test_keypoint_heat_maps_are_drawn_for_keypoint_models(tmp_path):
+    """A keypoint model's figures include each keypoint's heat map of the newest frame: a distribution
+    over the half-resolution grid whose soft-argmax is the keypoint's reported position."""
+    import gymnasium as gym
+    import torch
+
+    import envs  # noqa: F401
+    from vla.attention import plot_attention
+    from vla.dataset import Tokenizers
+    from vla.model import ActionTransformer, ModelConfig
+    from vla.policy import Policy
+    from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
+
+    torch.manual_seed(0)
+    text = TextTokenizer.fit(["reach the red block"])
+    cfg = ModelConfig(patch_embed="conv", film=True, keypoints=3, window=2, d_model=32, n_head=2, n_layer=1, d_ff=64,
+                      vocab_size=text.vocab_size)  # fmt: skip
+    action = ActionTokenizer(bins=cfg.action_bins, low=-np.ones(4), high=np.ones(4))
+    tok = Tokenizers(text, action, ProprioNormalizer(np.zeros(9), np.ones(9)))
+    policy = Policy(ActionTransformer(cfg), tok, meta={})
+    env = gym.make("tabletop/Reach-v0")
+    obs, _ = env.reset(seed=3)
+    policy.reset(obs["instruction"])
+    obs, *_ = env.step(policy.act(obs))
+    policy.act(obs)
+    result = first_action_attention(policy)
+    maps, where = result["keypoints"], result["where"]
+    assert maps.shape == (3, 32, 32) and where.shape == (3, 2)
+    np.testing.assert_allclose(maps.sum(axis=(1, 2)), 1.0, atol=1e-5)
+    centres = (np.arange(32) + 0.5) / 32 * 2 - 1
+    np.testing.assert_allclose(where[:, 0], (maps.sum(2) * centres).sum(1), atol=1e-5)  # rows
+    paths = plot_attention(result, tmp_path, "t")
+    assert [p.name for p in paths] == ["t_layer0.png", "t_keypoints.png"] and all(p.stat().st_size > 0 for p in paths)

@@ -4,7 +4,8 @@ For chosen steps of a rollout, the policy's current window is run through the mo
 attention path, and the row of the step's first action slot is split into its keys: the current
 frame's image patches (drawn as a heatmap over the frame) and the instruction's words (a bar per
 word). One PNG per layer and step, each head a column; the chapter's figures 2-4-1 and 2-4-4 made
-real for this policy. `vla-eval --attention DIR` writes them.
+real for this policy. With keypoint tokens, a further PNG per step shows each keypoint's heat map.
+`vla-eval --attention DIR` writes them.
 """
 
 from __future__ import annotations
@@ -43,7 +44,12 @@ def first_action_attention(policy) -> dict:
                 "other": (1.0 - row[:, patches].sum(-1) - row[:, words[real]].sum(-1)).numpy(),  # (H,)
             }
         )
-    return {"layers": per_layer, "words": pieces, "frame": batch["image"][0, -1, 0].cpu().numpy()}
+    result = {"layers": per_layer, "words": pieces, "frame": batch["image"][0, -1, 0].cpu().numpy()}
+    if cfg.keypoints:  # the newest frame's keypoint heat maps, from the same pass (first camera)
+        pe, h = model.patch_embed, (cfg.image_size + 1) // 2
+        result["keypoints"] = pe.last_att.view(T, cfg.n_cameras, cfg.keypoints, h, h)[-1, 0].float().cpu().numpy()
+        result["where"] = pe.last_where.view(T, cfg.n_cameras, cfg.keypoints, 2)[-1, 0].float().cpu().numpy()
+    return result
 
 
 def plot_attention(result: dict, out_dir: Path, tag: str) -> list[Path]:
@@ -80,7 +86,33 @@ def plot_attention(result: dict, out_dir: Path, tag: str) -> list[Path]:
         fig.savefig(path, dpi=100)
         plt.close(fig)
         paths.append(path)
+    if "keypoints" in result:
+        paths.append(plot_keypoints(result, out_dir, tag))
     return paths
+
+
+def plot_keypoints(result: dict, out_dir: Path, tag: str) -> Path:
+    """One PNG: each keypoint's spatial-softmax map over the frame, its soft-argmax marked with a cross.
+    With keypoint targets, maps 0 and 1 are trained to find the named block and its goal."""
+    import matplotlib.pyplot as plt
+
+    frame, maps, where = result["frame"], result["keypoints"], result["where"]
+    size, m = frame.shape[0], maps.shape[0]
+    fig, axes = plt.subplots(1, m, figsize=(2.0 * m, 2.3), squeeze=False)
+    for k, ax in enumerate(axes[0]):
+        ax.imshow(frame)
+        heat = np.kron(maps[k], np.ones((size // maps.shape[1],) * 2))  # (H, W)
+        ax.imshow(heat, cmap="magma", alpha=0.6, vmin=0.0, vmax=max(heat.max(), 1e-9))
+        row, col = (where[k] + 1) / 2 * size - 0.5  # -1..1 edge to edge -> pixel coordinates
+        ax.plot(col, row, "c+", markersize=10, markeredgewidth=2)
+        ax.set_title(f"keypoint {k}", fontsize=8)
+        ax.axis("off")
+    fig.suptitle(f"{tag}: keypoint heat maps", fontsize=9)
+    fig.tight_layout()
+    path = out_dir / f"{tag}_keypoints.png"
+    fig.savefig(path, dpi=100)
+    plt.close(fig)
+    return path
 
 
 def attention_rollout(policy, task: str, seed: int, steps: list[int], out_dir: str | Path) -> list[Path]:
