@@ -68,3 +68,22 @@ def test_module_entry_point_help():
     cmd = [sys.executable, "-m", "vla.bench", "latency", "--help"]
     r = subprocess.run(cmd, capture_output=True, text=True, cwd=Path(__file__).resolve().parents[1])
     assert r.returncode == 0 and "--json" in r.stdout and "--window" in r.stdout
+
+
+def test_the_demo_config_builds_in_both_benchmarks():
+    """configs/demo.yaml leaves the data-decided aux_dim out; the benchmarks must still build its model
+    (aux head fed into the proprio token) and train it with the same losses the trainer sums."""
+    from argparse import Namespace
+
+    from vla.bench.latency import AUX_DIM, build_config
+    from vla.bench.train import measure_ours
+    from vla.config import from_dict, load_yaml
+    from vla.model import ActionTransformer
+    from vla.train import TrainConfig
+
+    cfg = build_config(Namespace(config="configs/demo.yaml", window=None, overrides=[]))
+    assert cfg.aux_feed and cfg.aux_dim == AUX_DIM
+    ActionTransformer(cfg)
+    train_cfg = from_dict(TrainConfig, load_yaml("configs/demo.yaml"))
+    result = measure_ours(train_cfg, batch_size=2, warmup=0, steps=1)
+    assert result["seconds_per_step"] > 0 and result["parameters"] > 0

@@ -41,6 +41,8 @@ import torch
 from vla.config import apply_overrides, from_dict, load_yaml
 from vla.model import ActionTransformer, ModelConfig
 
+AUX_DIM = 6  # auxiliary targets per step from our tasks' obs/object: the named block's xyz and its goal's
+
 # The demo-sized model of the CPU end-to-end run.
 DEMO = {
     "d_model": 128,
@@ -80,6 +82,8 @@ def build_config(args) -> ModelConfig:
         loaded = load_yaml(args.config)
         data |= loaded["model"] if isinstance(loaded.get("model"), dict) else loaded
     cfg = from_dict(ModelConfig, data, "model")
+    if cfg.aux_feed and not cfg.aux_dim:  # the data decides it in training: obs/object of our tasks has 6
+        cfg = replace(cfg, aux_dim=AUX_DIM)
     if args.window is not None:
         cfg = replace(cfg, window=args.window)
     return apply_overrides(cfg, list(args.overrides)) if args.overrides else cfg

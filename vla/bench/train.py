@@ -12,11 +12,13 @@ Three figures from one run, same thread count:
 
 from __future__ import annotations
 
+import dataclasses
 import time
 
 import torch
 import torch.nn as nn
 
+from vla.bench.latency import AUX_DIM
 from vla.config import from_dict, load_yaml
 from vla.model import ActionTransformer, ModelConfig
 from vla.model_card import model_card
@@ -45,10 +47,16 @@ def matmul_peak(seconds: float = 1.5, n: int = 1024) -> float:
     return best
 
 
-def synthetic_batch(cfg: ModelConfig, batch_size: int, generator: torch.Generator) -> dict:
-    """Random inputs of the real shapes (throughput does not depend on the values)."""
+def synthetic_batch(cfg: ModelConfig, batch_size: int, generator: torch.Generator, keypoint_targets: int = 0) -> dict:
+    """Random inputs of the real shapes (throughput does not depend on the values), with auxiliary
+    targets when the model has an auxiliary head and `keypoint_targets` heat-map targets per step."""
     B, K = batch_size, cfg.window
-    return {
+    extra = {}
+    if cfg.aux_dim:
+        extra["aux"] = torch.randn(B, K, cfg.aux_dim, generator=generator)
+    if keypoint_targets:
+        extra["keypoint_targets"] = torch.rand(B, K, keypoint_targets, 2, generator=generator) * 2 - 1
+    return extra | {
         "instruction": torch.randint(2, cfg.vocab_size, (B, cfg.instruction_len), generator=generator),
         "image": torch.randint(
             0, 256, (B, K, cfg.n_cameras, cfg.image_size, cfg.image_size, 3), generator=generator, dtype=torch.uint8
@@ -70,14 +78,17 @@ def _time_steps(step_fn, warmup: int, steps: int) -> float:
 
 
 def measure_ours(cfg: TrainConfig, batch_size: int, warmup: int, steps: int) -> dict:
+    if cfg.data.aux_key and not cfg.model.aux_dim:  # the data decides it: obs/object of our tasks has 6
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, aux_dim=AUX_DIM))
     model = ActionTransformer(cfg.model)
     opt = torch.optim.AdamW(model.optim_groups(cfg.optim.weight_decay), lr=1e-4)
     gen = torch.Generator().manual_seed(0)
-    batch = synthetic_batch(cfg.model, batch_size, gen)
+    batch = synthetic_batch(cfg.model, batch_size, gen, keypoint_targets=2 if cfg.data.keypoint_key else 0)
 
     def step():
         b = dict(batch, image=random_shift(batch["image"], cfg.data.augment_shift, gen))
-        loss = model(b)["loss"]
+        out = model(b)
+        loss = out["loss"] + out.get("aux_loss", 0.0) + out.get("keypoint_loss", 0.0)  # as the trainer sums them
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
