@@ -81,6 +81,8 @@ def main(argv: list[str] | None = None) -> int:
         "",
         "Validation loss is the action-token cross-entropy on held-out demos (`mask/valid`), a finer signal",
         "than success when success rates are small (not comparable across bin counts: fewer bins, lower loss).",
+        f"With {args.episodes} episodes per task a task's 95% interval spans tens of points: read only large",
+        f"differences. Every variant trains {args.steps} steps; `make demo` trains `configs/demo.yaml` longer.",
         "",
         "| variant | overrides | reach | push | pick_place | stack | mean | valid loss | step p50 / p99 ms | train s |",
         "|---|---|---|---|---|---|---|---|---|---|",
