@@ -142,3 +142,30 @@ def test_expectation_readout_is_the_mean_over_bin_centres(tiny_checkpoint, obs):
     assert not np.array_equal(mean, argmax)  # a tiny model's distributions are broad: the mean moves
     tokens = captured["out"].tokens[0].view(policy.chunk, policy.action_dim).numpy()
     np.testing.assert_array_equal(argmax, np.clip(policy.tok.action.decode(tokens), -1, 1).astype(np.float32))
+
+
+def test_temporal_ensemble_averages_every_stored_prediction_for_the_step(tiny_checkpoint):
+    """With temporal_ensemble, chunk row j at step t is the mean of the raw predictions for step t + j
+    made at steps t, t-1, ... (those whose chunk reaches t + j); a reset forgets them."""
+    plain = load_policy(tiny_checkpoint, device="cpu")
+    ens = load_policy(tiny_checkpoint, device="cpu")
+    ens.cfg.temporal_ensemble = True  # the checkpoint's config field, switched for this test
+    for p in (plain, ens):  # mean readout: unsaturated values, so averaging visibly changes them
+        p.cfg.action_readout = "expectation"
+    C = ens.chunk
+    assert C >= 2
+    env = gym.make("tabletop/Reach-v0", image_size=ens.cfg.image_size)
+    for seed in (1, 2):  # two episodes: the second must not see the first's chunks
+        obs, _ = env.reset(seed=seed)
+        plain.reset(obs["instruction"])
+        ens.reset(obs["instruction"])
+        raw = []
+        for t in range(C + 2):
+            raw.append(plain.act_chunk(obs))  # the same model and inputs: the raw chunk of this step
+            got = ens.act_chunk(obs)
+            for j in range(C):
+                expected = np.mean([raw[s][t + j - s] for s in range(max(0, t + j - C + 1), t + 1)], axis=0)
+                np.testing.assert_allclose(got[j], np.clip(expected, -1, 1), rtol=1e-6, atol=1e-6)
+            obs, *_ = env.step(got[0])
+        assert not np.allclose(got, raw[-1])  # averaging changed something
+    env.close()

@@ -99,6 +99,7 @@ class ModelConfig:
     chunk: int = 1  # future actions predicted per step (t .. t+chunk-1) -> chunk * A action slots
     action_decoding: Literal["autoregressive", "parallel"] = "autoregressive"  # see module docstring
     action_readout: Literal["argmax", "expectation"] = "argmax"  # the policy's value: best bin's centre, or mean
+    temporal_ensemble: bool = False  # policy: average every stored chunk's prediction for a step (ACT)
     # time and context
     window: int = 8  # K: control steps in the context window (and KV-cache step slots)
     time_encoding: Literal["relative", "sinusoidal", "learned", "none"] = "relative"  # see docstring

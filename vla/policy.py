@@ -45,6 +45,7 @@ class Policy:
         self.image_keys = ["image", "wrist_image"][: self.cfg.n_cameras]
         self._cache = model.new_cache(1, self.device) if kv_cache else None
         self._history: deque = deque(maxlen=self.cfg.window)  # (image, proprio, timestep, tokens) per step
+        self._chunks: deque = deque(maxlen=self.cfg.chunk)  # (step it was predicted at, (chunk, A)), newest first
         self._instruction: torch.Tensor | None = None
         self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
@@ -64,6 +65,7 @@ class Policy:
         ids = self.tok.text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L)
         self._instruction = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=self.device)
         self._history.clear()
+        self._chunks.clear()
         self.t = 0
         if self._cache is not None:
             self.model.start(self._cache, self._instruction)
@@ -106,7 +108,7 @@ class Policy:
             window = self.window_batch()
             out = self.model.recompute(window["instruction"], window["image"], window["proprio"], window["timestep"])
         self._history[-1][3] = out.tokens
-        self.t += 1
+        t, self.t = self.t, self.t + 1
         if self.cfg.action_readout == "expectation":
             # The mean of each slot's distribution over bin centres: sub-bin resolution, and where the
             # model is torn between neighbouring bins it lands between them instead of on either.
@@ -115,7 +117,20 @@ class Policy:
         else:
             tokens = out.tokens[0].view(self.cfg.chunk, self.cfg.action_dim).cpu().numpy()  # (chunk, A)
             values = self.tok.action.decode(tokens)
+        if self.cfg.temporal_ensemble:
+            values = self._ensemble(t, values)
         return np.clip(values, -1.0, 1.0).astype(np.float32)
+
+    def _ensemble(self, t: int, chunk: np.ndarray) -> np.ndarray:
+        """ACT's temporal ensembling, uniform weights: row j (step t + j) becomes the mean of every stored
+        chunk's prediction for step t + j, this one included. One chunk's guess flips between modes from
+        step to step (up / down at a phase boundary); the mean of the last `chunk` guesses does not."""
+        self._chunks.appendleft((t, chunk))
+        out = np.empty_like(chunk)
+        for j in range(len(chunk)):
+            guesses = [c[t + j - s] for s, c in self._chunks if t + j - s < len(c)]  # (n, A) for step t + j
+            out[j] = np.mean(guesses, axis=0)
+        return out
 
     def window_batch(self) -> dict:
         """The current window (the last K steps seen) as a model batch of one, oldest step first."""
