@@ -46,7 +46,7 @@ def first_action_attention(policy) -> dict:
         )
     result = {"layers": per_layer, "words": pieces, "frame": batch["image"][0, -1, 0].cpu().numpy()}
     if cfg.keypoints:  # the newest frame's keypoint heat maps, from the same pass (first camera)
-        pe, h = model.patch_embed, (cfg.image_size + 1) // 2
+        pe, h = model.patch_embed, cfg.keypoint_grid
         result["keypoints"] = pe.last_att.view(T, cfg.n_cameras, cfg.keypoints, h, h)[-1, 0].float().cpu().numpy()
         result["where"] = pe.last_where.view(T, cfg.n_cameras, cfg.keypoints, 2)[-1, 0].float().cpu().numpy()
     return result

@@ -143,6 +143,11 @@ class ModelConfig:
         return self.image_size // self.patch_size
 
     @property
+    def keypoint_grid(self) -> int:
+        """Heat-map side of the keypoint network (half the image, rounded up), pixels."""
+        return (self.image_size + 1) // 2
+
+    @property
     def n_image_tokens(self) -> int:
         """Image tokens per step, all cameras: patches, then keypoints, per camera."""
         return self.n_cameras * (self.grid**2 + self.keypoints)
@@ -225,7 +230,7 @@ class PatchEmbed(nn.Module):
             self.kp_sharpness = nn.Parameter(torch.tensor(math.log(20.0)))  # log inverse softmax temperature
             self.kp_proj = nn.Linear(3, d)  # (x, y, strength) -> d
             self.kp_id = nn.Parameter(torch.zeros(M, d))  # which keypoint a token is
-            h = (cfg.image_size + 1) // 2
+            h = cfg.keypoint_grid
             axis = (torch.arange(h) + 0.5) / h * 2 - 1  # pixel centres; -1 / +1 are the image edges
             ys, xs = torch.meshgrid(axis, axis, indexing="ij")
             self.register_buffer("kp_coords", torch.stack([ys.flatten(), xs.flatten()], 1), persistent=False)
@@ -679,7 +684,7 @@ class ActionTransformer(nn.Module):
             raise ValueError(f"{n} keypoint targets need keypoints >= {n}, got keypoints={cfg.keypoints}")
         att = self.patch_embed.last_att.view(B, T, cfg.n_cameras, cfg.keypoints, -1)[:, :, 0, :n]  # (B, T, n, h*w)
         coords = self.patch_embed.kp_coords.to(att.dtype)  # (h*w, 2)
-        sigma = 0.8 * 2 / ((cfg.image_size + 1) // 2)  # 0.8 of a heat-map pixel, in -1..1 units
+        sigma = 0.8 * 2 / cfg.keypoint_grid  # 0.8 of a heat-map pixel, in -1..1 units
         d2 = ((coords - targets[..., None, :].to(att.dtype)) ** 2).sum(-1)  # (B, T, n, h*w)
         soft = (-d2 / (2 * sigma**2)).softmax(-1)  # (B, T, n, h*w): the target as a distribution
         return -(soft * att.float().clamp_min(1e-9).log()).sum(-1).mean(-1)  # (B, T)

@@ -32,7 +32,7 @@ def _patch_embed_flops(cfg: ModelConfig) -> int:
             flops += side * side * 2 * c_in * 9 * c_out
             c_in = c_out
     if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
-        h, c = (cfg.image_size + 1) // 2, cfg.keypoint_channels
+        h, c = cfg.keypoint_grid, cfg.keypoint_channels
         flops += h * h * 2 * (5 * 9 * c + c * 9 * c + c * cfg.keypoints * (2 if cfg.film else 1))  # + queries
     return cfg.n_cameras * flops
 
