@@ -29,7 +29,8 @@ def test_first_action_attention_is_a_distribution_over_keys(policy):
     assert len(result["layers"]) == cfg.n_layer
     assert result["words"][1:] == obs["instruction"].split()  # <bos> then one piece per word
     for layer in result["layers"]:
-        assert layer["patches"].shape == (cfg.n_head, cfg.grid, cfg.grid)
+        grid = policy.model.layout.grid
+        assert layer["patches"].shape == (cfg.n_head, grid, grid)
         assert layer["words"].shape == (cfg.n_head, len(result["words"]))
         total = layer["patches"].sum(axis=(1, 2)) + layer["words"].sum(1) + layer["other"]
         np.testing.assert_allclose(total, 1.0, atol=1e-5)
@@ -56,17 +57,17 @@ def test_keypoint_heat_maps_are_drawn_for_keypoint_models(tmp_path):
     import envs  # noqa: F401
     from vla.attention import plot_attention
     from vla.dataset import Tokenizers
-    from vla.model import ActionTransformer, ModelConfig
+    from vla.model import ActionTransformer, DataSpec, ModelConfig
     from vla.policy import Policy
     from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 
     torch.manual_seed(0)
     text = TextTokenizer.fit(["reach the red block"])
-    cfg = ModelConfig(patch_embed="conv", film=True, keypoints=3, window=2, d_model=32, n_head=2, n_layer=1, d_ff=64,
-                      vocab_size=text.vocab_size)  # fmt: skip
+    cfg = ModelConfig(patch_embed="conv", film=True, keypoints=3, window=2, d_model=32, n_head=2, n_layer=1, d_ff=64)
+    spec = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=text.vocab_size)
     action = ActionTokenizer(bins=cfg.action_bins, low=-np.ones(4), high=np.ones(4))
     tok = Tokenizers(text, action, ProprioNormalizer(np.zeros(9), np.ones(9)))
-    policy = Policy(ActionTransformer(cfg), tok, meta={})
+    policy = Policy(ActionTransformer(cfg, spec), tok, meta={})
     env = gym.make("tabletop/Reach-v0")
     obs, _ = env.reset(seed=3)
     policy.reset(obs["instruction"])

@@ -15,12 +15,11 @@ TINY = [
     "n_layer=2",
     "n_head=2",
     "d_ff=64",
-    "image_size=16",
-    "patch_size=8",
-    "proprio_dim=3",
-    "action_dim=2",
+    "patch_embed=linear",
+    "film=false",
+    "keypoints=0",
+    "aux_feed=false",
     "instruction_len=6",
-    "vocab_size=40",
     "action_bins=16",
 ]
 ARGS = ["--steps", "4", "--warmup", "3", "--window", "3", "--equivalence-steps", "8", "--threads", "1"]
@@ -71,19 +70,19 @@ def test_module_entry_point_help():
 
 
 def test_the_demo_config_builds_in_both_benchmarks():
-    """configs/demo.yaml leaves the data-decided aux_dim out; the benchmarks must still build its model
-    (aux head fed into the proprio token) and train it with the same losses the trainer sums."""
+    """configs/demo.yaml is the default model; the benchmarks build it with our tasks' data sizes (the
+    aux head fed into the proprio token) and train it with the same losses the trainer sums."""
     from argparse import Namespace
 
-    from vla.bench.latency import AUX_DIM, build_config
+    from vla.bench.latency import TABLETOP, build_config
     from vla.bench.train import measure_ours
     from vla.config import from_dict, load_yaml
-    from vla.model import ActionTransformer
-    from vla.train import TrainConfig
+    from vla.model import ActionTransformer, ModelConfig
+    from vla.train_config import TrainConfig
 
     cfg = build_config(Namespace(config="configs/demo.yaml", window=None, overrides=[]))
-    assert cfg.aux_feed and cfg.aux_dim == AUX_DIM
-    ActionTransformer(cfg)
+    assert cfg == ModelConfig()
+    assert ActionTransformer(cfg, TABLETOP).layout.feeds_aux
     train_cfg = from_dict(TrainConfig, load_yaml("configs/demo.yaml"))
     result = measure_ours(train_cfg, batch_size=2, warmup=0, steps=1)
     assert result["seconds_per_step"] > 0 and result["parameters"] > 0

@@ -2,28 +2,34 @@
 sensitivity, padding, overfitting, and the model card's parameter count. Tiny sizes throughout."""
 
 import dataclasses
+import types
 
 import pytest
 import torch
 
 from vla.config import ConfigError, from_dict
-from vla.model import ActionTransformer, ModelConfig
+from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.model_card import format_model_card, model_card
 
+# The tiny network of these tests: linear patches, one action per step, autoregressive slots (the
+# hardest decoding path for cache equivalence); tests switch on the rest one feature at a time.
 TINY = dict(
-    image_size=16,
     patch_size=8,  # 4 patches per camera
-    proprio_dim=3,
-    action_dim=2,
+    patch_embed="linear",
+    film=False,
+    keypoints=0,
+    aux_feed=False,
+    chunk=1,
+    action_decoding="autoregressive",
     window=3,
     instruction_len=6,
-    vocab_size=40,
     action_bins=16,
     d_model=32,
     n_layer=2,
     n_head=2,
     d_ff=64,
 )
+TINY_SPEC = dict(image_size=16, proprio_dim=3, action_dim=2, vocab_size=40, n_cameras=1, aux_dim=0)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -36,15 +42,25 @@ def one_thread():
     torch.set_num_threads(before)
 
 
-def tiny(**kw) -> ModelConfig:
-    return ModelConfig(**{**TINY, **kw})
+def tiny(**kw) -> tuple[ModelConfig, DataSpec]:
+    """The tiny (config, data spec) with `kw` replacing fields of either."""
+    spec = {k: kw.pop(k) for k in list(kw) if k in TINY_SPEC}
+    return ModelConfig(**{**TINY, **kw}), DataSpec(**{**TINY_SPEC, **spec})
+
+
+def dims(model: ActionTransformer) -> types.SimpleNamespace:
+    """Every size of a model in one namespace: config, data spec and token layout."""
+    lay = model.layout
+    derived = {k: getattr(lay, k) for k in ("grid", "keypoint_grid", "n_image_tokens", "n_obs_tokens",
+                                            "n_action_tokens", "tokens_per_step", "n_tokens")}  # fmt: skip
+    return types.SimpleNamespace(**dataclasses.asdict(model.cfg), **dataclasses.asdict(model.spec), **derived)
 
 
 def make_model(seed=0, sharp=False, **kw) -> ActionTransformer:
     """A tiny model. `sharp`: query/key weights 15x the init scale, so attention is far from uniform and
     content-position interactions are large (at init they are ~1e-5: logits barely move)."""
     torch.manual_seed(seed)
-    model = ActionTransformer(tiny(**kw)).eval()
+    model = ActionTransformer(*tiny(**kw)).eval()
     if sharp:
         with torch.no_grad():
             for block in model.blocks:
@@ -52,7 +68,7 @@ def make_model(seed=0, sharp=False, **kw) -> ActionTransformer:
     return model
 
 
-def make_batch(cfg: ModelConfig, B=2, T=None, seed=0, t0=5) -> dict:
+def make_batch(cfg: types.SimpleNamespace, B=2, T=None, seed=0, t0=5) -> dict:
     g = torch.Generator().manual_seed(seed)
     T = cfg.window if T is None else T
     instruction = torch.randint(2, cfg.vocab_size, (B, cfg.instruction_len), generator=g)
@@ -72,7 +88,7 @@ def make_batch(cfg: ModelConfig, B=2, T=None, seed=0, t0=5) -> dict:
 
 def test_forward_shapes_loss_accuracy():
     model = make_model(chunk=2)
-    cfg = model.cfg
+    cfg = dims(model)
     out = model(make_batch(cfg))
     assert out["logits"].shape == (2, cfg.window, cfg.chunk * cfg.action_dim, cfg.action_bins)
     assert out["loss"].ndim == 0 and torch.isfinite(out["loss"])
@@ -86,15 +102,15 @@ def test_forward_shapes_loss_accuracy():
 @pytest.mark.parametrize("causal_scope", ["step", "stream"])
 def test_causality_perturbing_any_token_changes_no_earlier_output(causal_scope):
     model = make_model(causal_scope=causal_scope)
-    batch = make_batch(model.cfg, B=1)
+    batch = make_batch(dims(model), B=1)
     batch["instruction"][:] = torch.arange(1, 7)  # no padding: every position is a real token
-    x = model.embed(batch)  # (1, N, d)
-    mask = model.attention_mask(batch["instruction"], batch["timestep"], batch["step_mask"])
-    h = model.trunk(x, mask)
+    x, _ = model.embed(batch)  # (1, N, d)
+    mask = model.window_mask(batch)
+    h, _ = model.trunk(x, mask)
     for p in range(x.shape[1]):
         x2 = x.clone()
         x2[:, p] += torch.randn(x.shape[-1])
-        h2 = model.trunk(x2, mask)
+        h2, _ = model.trunk(x2, mask)
         assert torch.allclose(h2[:, :p], h[:, :p], atol=1e-6), f"perturbing token {p} changed an earlier one"
         assert not torch.allclose(h2[:, p], h[:, p], atol=1e-4)
 
@@ -102,14 +118,14 @@ def test_causality_perturbing_any_token_changes_no_earlier_output(causal_scope):
 def test_causality_through_inputs():
     """Changing step k's image, or action value j, leaves all earlier predictions unchanged."""
     model = make_model()
-    cfg, batch = model.cfg, make_batch(model.cfg)
+    cfg, batch = dims(model), make_batch(dims(model))
     ref = model(batch)["logits"]  # (B, T, CA, bins)
     b2 = {k: v.clone() for k, v in batch.items()}
     b2["image"][:, 2] = 255 - b2["image"][:, 2]
     out = model(b2)["logits"]
     assert torch.allclose(out[:, :2], ref[:, :2], atol=1e-6) and not torch.allclose(out[:, 2], ref[:, 2], atol=1e-5)
     model = make_model(chunk=2)  # 4 action slots; slot j is fed the bin of slot j-1
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     ref = model(batch)["logits"]
     b2 = {k: v.clone() for k, v in batch.items()}
     b2["actions"][:, 1, 1] = (b2["actions"][:, 1, 1] + 1) % cfg.action_bins
@@ -121,14 +137,14 @@ def test_causality_through_inputs():
 
 def test_step_scope_observations_see_only_their_step_and_the_instruction():
     model = make_model(causal_scope="step")
-    cfg, batch = model.cfg, make_batch(model.cfg, B=1)
+    cfg, batch = dims(model), make_batch(dims(model), B=1)
     layout = model.token_layout()
-    x = model.embed(batch)
-    mask = model.attention_mask(batch["instruction"], batch["timestep"], batch["step_mask"])
-    h = model.trunk(x, mask)
+    x, _ = model.embed(batch)
+    mask = model.window_mask(batch)
+    h, _ = model.trunk(x, mask)
     x2 = x.clone()
     x2[:, layout["step"] == 0] += torch.randn(x.shape[-1])  # change all of step 0 (observations and actions)
-    h2 = model.trunk(x2, mask)
+    h2, _ = model.trunk(x2, mask)
     later_obs = (layout["step"] > 0) & (layout["index"] < cfg.n_obs_tokens)
     later_act = (layout["step"] > 0) & (layout["index"] >= cfg.n_obs_tokens)
     assert torch.allclose(h2[:, later_obs], h[:, later_obs], atol=1e-6)
@@ -140,7 +156,7 @@ def test_step_scope_observations_see_only_their_step_and_the_instruction():
 
 def stream_vs_recompute(model, n_steps, B=2, t0=3, seed=1):
     """Run an episode through the cache; at every step recompute the same window from scratch."""
-    cfg = model.cfg
+    cfg = dims(model)
     ep = make_batch(cfg, B=B, T=n_steps, seed=seed, t0=t0)
     cache = model.new_cache(B)
     model.start(cache, ep["instruction"])
@@ -203,31 +219,36 @@ def test_cache_equivalence_with_the_aux_prediction_fed_back():
 
 def test_aux_feed_puts_the_prediction_into_the_proprio_token_without_training_it():
     model = make_model(patch_embed="conv", keypoints=4, aux_dim=6, aux_feed=True).train()
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     batch["aux"] = torch.randn(*batch["timestep"].shape, 6)
-    plain = model.proprio_embed(batch["proprio"])
-    model.patch_embed(batch["image"], None)  # sets the keypoints the feed reads
-    fed = model.embed_proprio(batch["proprio"])
-    assert (fed - plain).abs().max() > 1e-3
+    with torch.no_grad():
+        fed = model.embed_steps(batch["image"], batch["proprio"], batch["timestep"]).x  # (B, T, S, d)
+        model.aux_embed.weight.zero_()  # the same pass without the feed
+        plain = model.embed_steps(batch["image"], batch["proprio"], batch["timestep"]).x
+        torch.nn.init.normal_(model.aux_embed.weight)
+    proprio_row = dims(model).n_image_tokens
+    assert (fed[:, :, proprio_row] - plain[:, :, proprio_row]).abs().max() > 1e-3  # the proprio token moved
+    assert torch.equal(fed[:, :, :proprio_row], plain[:, :, :proprio_row])  # and only it
     out = model(batch)
     out["loss"].backward()  # the action loss alone: the prediction is given, not trained through
     assert all(p.grad is None or p.grad.abs().sum() == 0 for p in model.aux_head.parameters())
     assert model.aux_embed.weight.grad.abs().sum() > 0
     with pytest.raises(ValueError, match="aux_feed=True needs keypoints"):
         tiny(aux_feed=True, aux_dim=6)
-    with pytest.raises(ValueError, match="aux_feed=True needs aux_dim > 0"):
-        ActionTransformer(tiny(patch_embed="conv", keypoints=4, aux_feed=True))
+    no_targets = ActionTransformer(*tiny(patch_embed="conv", keypoints=4, aux_feed=True))  # data without aux
+    assert no_targets.aux_head is None and no_targets.aux_embed is None and not no_targets.layout.feeds_aux
 
 
 def test_keypoint_tokens_locate_and_train_through_the_auxiliary_loss():
     model = make_model(patch_embed="conv", keypoints=4, film=True, aux_dim=6).train()
-    cfg = model.cfg
+    cfg = dims(model)
     assert cfg.n_image_tokens == cfg.grid**2 + 4
     batch = make_batch(cfg)
     batch["aux"] = torch.randn(*batch["timestep"].shape, 6)
     out = model(batch)
-    where = model.patch_embed.last_where  # (B*T*C, M, 2) soft-argmax coordinates in [-1, 1]
-    assert where.shape[1:] == (4, 2) and where.abs().max() <= 1.0
+    context = model.instruction_context(batch["instruction"])
+    where = model.patch_embed(batch["image"], context).where  # (B, T, C, M, 2) soft-argmax coordinates in [-1, 1]
+    assert where.shape[2:] == (1, 4, 2) and where.abs().max() <= 1.0
     out["aux_loss"].backward()
     grad = model.patch_embed.kp_convs[0].weight.grad
     assert grad is not None and grad.abs().sum() > 0  # the localization signal reaches the keypoint net
@@ -238,10 +259,10 @@ def test_film_stem_reads_the_instruction():
     model = make_model(patch_embed="conv", film=True)
     for film in model.patch_embed.film:  # well away from the identity, so the effect is visible
         torch.nn.init.normal_(film.weight, std=0.5)
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     other = dict(batch, instruction=batch["instruction"].flip(0))
-    a = model.patch_embed(batch["image"], model.instruction_context(batch["instruction"]))
-    b = model.patch_embed(other["image"], model.instruction_context(other["instruction"]))
+    a = model.patch_embed(batch["image"], model.instruction_context(batch["instruction"])).tokens
+    b = model.patch_embed(other["image"], model.instruction_context(other["instruction"])).tokens
     assert (a - b).abs().max() > 1e-3
     with pytest.raises(ValueError, match="film=True needs patch_embed='conv'"):
         tiny(film=True, patch_embed="linear")
@@ -258,7 +279,7 @@ def test_stream_scope_is_exact_only_until_the_window_slides():
 
 def test_cache_restart_and_sampling():
     model = make_model()
-    cfg, ep = model.cfg, make_batch(model.cfg, B=1, T=3)
+    cfg, ep = dims(model), make_batch(dims(model), B=1, T=3)
     cache = model.new_cache(1)
     with pytest.raises(RuntimeError, match="start"):
         model.step(cache, ep["image"][:, 0], ep["proprio"][:, 0], ep["timestep"][:, 0])
@@ -278,7 +299,7 @@ def test_cache_restart_and_sampling():
 
 def test_relative_time_is_shift_invariant():
     model = make_model(time_encoding="relative", sharp=True)
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     shifted = dict(batch, timestep=batch["timestep"] + 137)
     assert torch.allclose(model(batch)["logits"], model(shifted)["logits"], atol=1e-5)
     d1, _ = stream_vs_recompute(model, 6, t0=0)
@@ -289,7 +310,7 @@ def test_relative_time_is_shift_invariant():
 @pytest.mark.parametrize("time_encoding", ["sinusoidal", "learned"])
 def test_absolute_time_is_not_shift_invariant(time_encoding):
     model = make_model(time_encoding=time_encoding, sharp=True)
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     shifted = dict(batch, timestep=batch["timestep"] + 137)
     assert not torch.allclose(model(batch)["logits"], model(shifted)["logits"], atol=1e-4)
 
@@ -305,14 +326,14 @@ def swap_steps(batch, i, j):
 def test_order_sensitivity(time_encoding):
     """Swapping two past steps' observations changes the prediction: a sequence, not a set."""
     model = make_model(time_encoding=time_encoding, sharp=True)
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     last = model(batch)["logits"][:, -1]
     assert not torch.allclose(model(swap_steps(batch, 0, 1))["logits"][:, -1], last, atol=1e-4)
 
 
 def test_without_time_the_past_is_a_set():
     model = make_model(time_encoding="none", sharp=True)
-    batch = make_batch(model.cfg)
+    batch = make_batch(dims(model))
     last = model(batch)["logits"][:, -1]
     assert torch.allclose(model(swap_steps(batch, 0, 1))["logits"][:, -1], last, atol=1e-5)
 
@@ -323,7 +344,7 @@ def test_without_time_the_past_is_a_set():
 @pytest.mark.parametrize("decoding", ["autoregressive", "parallel"])
 def test_padded_window_equals_shorter_window(decoding):
     model = make_model(action_decoding=decoding)
-    cfg, n_pad = model.cfg, 1
+    cfg, n_pad = dims(model), 1
     short = make_batch(cfg, T=cfg.window - n_pad)
     padded = make_batch(cfg, T=cfg.window, seed=9)  # garbage in the padded steps
     padded["instruction"] = short["instruction"]
@@ -346,7 +367,7 @@ def test_padded_window_equals_shorter_window(decoding):
 
 def test_overfits_a_fixed_batch():
     model = make_model(action_decoding="autoregressive", chunk=2).train()
-    batch = make_batch(model.cfg, B=4)
+    batch = make_batch(dims(model), B=4)
     opt = torch.optim.AdamW(model.optim_groups(weight_decay=0.01), lr=3e-3)
     first = None
     for _ in range(40):
@@ -375,23 +396,23 @@ def test_overfits_a_fixed_batch():
     ],
 )
 def test_model_card_parameter_total(kw):
-    cfg = tiny(**kw)
-    card = model_card(cfg)
-    model = ActionTransformer(cfg)
+    cfg, spec = tiny(**kw)
+    card = model_card(cfg, spec)
+    model = ActionTransformer(cfg, spec)
     assert card["parameters"]["total"] == sum(p.numel() for p in model.parameters())
     d, dff = cfg.d_model, cfg.d_ff
     per_layer = sum(p.numel() for p in model.blocks[0].parameters())
     assert card["per_layer"]["actual"] == per_layer
     assert card["per_layer"]["formula_4d2_plus_2d_dff"] == 4 * d * d + 2 * d * dff
     assert card["per_layer"]["difference"] == 4 * d + dff + d + 4 * d  # biases + 2 LayerNorms
-    assert card["tokens"]["per_step"] == cfg.tokens_per_step
+    assert card["tokens"]["per_step"] == model.layout.tokens_per_step
     assert card["flops"]["per_training_sample_train"] == 3 * card["flops"]["per_training_sample_forward"]
     assert card["flops"]["per_control_step_recompute"] > card["flops"]["per_control_step_streaming"]
     assert "| **total** |" in format_model_card(card)
 
 
 def test_config_refuses_typos_and_bad_values():
-    assert from_dict(ModelConfig, dict(TINY)) == tiny()
+    assert from_dict(ModelConfig, dict(TINY)) == tiny()[0]
     with pytest.raises(ConfigError, match="d_model"):
         from_dict(ModelConfig, {"d_modle": 64})
     with pytest.raises(ConfigError, match="n_head"):
@@ -399,14 +420,18 @@ def test_config_refuses_typos_and_bad_values():
     with pytest.raises(ConfigError, match="time_encoding"):
         from_dict(ModelConfig, {"time_encoding": "rope"})
     with pytest.raises(ConfigError, match="patch_size"):
-        from_dict(ModelConfig, {"image_size": 64, "patch_size": 12, "patch_embed": "conv"})
+        from_dict(ModelConfig, {"patch_size": 12, "patch_embed": "conv"})
+    with pytest.raises(ConfigError, match="'model.image_size' is decided by the data"):
+        from_dict(ModelConfig, {"image_size": 84}, "model")
+    with pytest.raises(ValueError, match="image_size=84 .* not a multiple of model.patch_size=16"):
+        ActionTransformer(ModelConfig(), DataSpec(image_size=84, proprio_dim=3, action_dim=2, vocab_size=9))
 
 
 def test_attention_maps():
     model = make_model()
-    batch = make_batch(model.cfg)
-    maps = model.attention_maps(batch)
-    N = model.cfg.instruction_len + model.cfg.window * model.cfg.tokens_per_step
+    batch = make_batch(dims(model))
+    maps = model.inspect(batch)["attention"]
+    N = model.cfg.instruction_len + model.cfg.window * model.layout.tokens_per_step
     assert len(maps) == model.cfg.n_layer and maps[0].shape == (2, model.cfg.n_head, N, N)
     assert torch.allclose(maps[0].sum(-1), torch.ones(2, model.cfg.n_head, N), atol=1e-5)
     assert (maps[-1].triu(diagonal=1) == 0).all()  # nothing attends to the future
@@ -416,10 +441,12 @@ def test_attention_maps():
 
 def test_replace_keeps_validation():
     with pytest.raises(ValueError, match="n_head"):
-        dataclasses.replace(tiny(), n_head=5)
+        dataclasses.replace(tiny()[0], n_head=5)
 
 
-def _two_squares(B: int, cfg: ModelConfig, g: torch.Generator) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+def _two_squares(
+    B: int, cfg: types.SimpleNamespace, g: torch.Generator
+) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
     """(B, 1, 1, H, W, 3) images with a red and a green 2x2 square at random places, which one is named
     (0 red, 1 green), and each image's two square centres as (row, column) in -1..1."""
     H = cfg.image_size
@@ -437,7 +464,7 @@ def test_keypoint_targets_teach_an_instruction_conditioned_keypoint():
     """The heat-map loss makes keypoint 0 follow whichever square the instruction names: after a short
     training it lands on the named square, and renaming the other square moves it there."""
     model = make_model(patch_embed="conv", keypoints=2, film=True, window=1).train()
-    cfg = model.cfg
+    cfg = dims(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)
 
@@ -461,8 +488,8 @@ def test_keypoint_targets_teach_an_instruction_conditioned_keypoint():
     image, named, centres = _two_squares(64, cfg, g)
     for which in (named, 1 - named):
         with torch.no_grad():
-            model(batch_for(image, which))
-        where = model.patch_embed.last_where[:, 0]  # (B, 2) keypoint 0
+            where = model.patch_embed(image, model.instruction_context(batch_for(image, which)["instruction"])).where
+        where = where[:, 0, 0, 0]  # (B, 2) keypoint 0
         err = (where - centres[torch.arange(64), which]).norm(dim=-1)
         assert err.median() < 0.2, err.median()  # a fifth of the half-width: within ~1.5 pixels of 16
     with pytest.raises(ValueError, match="keypoint targets need keypoints >= 3"):

@@ -25,7 +25,7 @@ def test_demo_path_end_to_end_at_toy_size(tmp_path):
     metrics = [json.loads(line) for line in (run / "metrics.jsonl").read_text().splitlines()]
     assert any("aux_loss" in m and "keypoint_loss" in m for m in metrics)  # localization losses on, as in the demo
     policy = load_policy(run, device="cpu")
-    assert policy.cfg.film and policy.cfg.keypoints == 8 and policy.cfg.aux_dim == 6 and policy.cfg.aux_feed
+    assert policy.cfg.film and policy.cfg.keypoints == 8 and policy.spec.aux_dim == 6 and policy.model.layout.feeds_aux
 
     r = run_cli("vla.evaluate", "--checkpoint", run, "--tasks", "reach", "--episodes-per-task", "1",
                 "--json", tmp_path / "eval.json")  # fmt: skip

@@ -3,6 +3,8 @@
 import json
 import subprocess
 import sys
+import time
+from pathlib import Path
 
 import gymnasium as gym
 import numpy as np
@@ -32,8 +34,10 @@ def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
     assert len(losses) == 8
     assert losses[-1] < 0.6 * losses[0], losses
-    for name in ("model.safetensors", "config.json", "train_state.pt", "run_config.json", "best/config.json"):
+    for name in ("model.safetensors", "config.json", "latest/train_state.pt", "run_config.json", "best/config.json"):
         assert (out / name).is_file(), name
+    kept = {d.name for d in (out / "checkpoints").iterdir()}  # only what `latest` and `best` point to
+    assert kept == {(out / "latest").resolve().name, (out / "best").resolve().name} and "step_0000080" in kept
     assert list((out / "tb").glob("events.out.tfevents.*"))
     meta = load_meta(out)
     assert meta["step"] == 80 and set(meta["tokenizers"]) == {"text", "action", "proprio"}
@@ -46,13 +50,69 @@ def test_resume_is_exact(tiny_dataset, tmp_path):
     assert train(tiny_dataset, whole, "train.steps=24", "train.log_every=4") == 0
     assert train(tiny_dataset, split, "train.steps=24", "train.log_every=4", "train.stop_at=10") == 0
     assert load_meta(split)["step"] == 10
-    assert train_main(["--data", str(tiny_dataset), "--out", str(split), "--resume", "train.stop_at=0"]) == 0
+    assert train_main(["--out", str(split), "--resume"]) == 0  # stop_at ended one invocation, not the run
     a = [(m["step"], m["loss"]) for m in metrics(whole) if "loss" in m]
     b = [(m["step"], m["loss"]) for m in metrics(split) if "loss" in m]
     assert [s for s, _ in a] == [s for s, _ in b]  # no duplicated or missing training lines
     assert abs(a[-1][1] - b[-1][1]) <= 1e-6, (a[-1], b[-1])
     pa, pb = load_policy(whole).model.state_dict(), load_policy(split).model.state_dict()
     assert all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
+    summary = json.loads((split / "summary.json").read_text())
+    assert (
+        summary["finished"] and summary["final_loss"] == json.loads((whole / "summary.json").read_text())["final_loss"]
+    )
+    assert train_main(["--out", str(split), "--resume"]) == 0  # resuming a finished run: no step, same loss
+    assert json.loads((split / "summary.json").read_text())["final_loss"] == summary["final_loss"]
+
+
+def test_a_crash_while_writing_a_checkpoint_resumes_from_the_last_complete_one(tiny_dataset, tmp_path, monkeypatch):
+    """The checkpoint is one unit: a kill after step 15's weights are written but before its optimizer
+    state is leaves `latest` on step 10, and the resumed run ends exactly where an uninterrupted one does."""
+    whole, crashed = tmp_path / "whole", tmp_path / "crashed"
+    args = ("train.steps=20", "train.checkpoint_every=5", "train.log_every=5")
+    assert train(tiny_dataset, whole, *args) == 0
+    real_save = torch.save
+
+    def dies_at_step_15(obj, path, *a, **k):
+        if isinstance(obj, dict) and obj.get("step") == 15:
+            raise KeyboardInterrupt  # a kill: the weights and config of step 15 are on disk, its state is not
+        return real_save(obj, path, *a, **k)
+
+    monkeypatch.setattr("vla.checkpoint.torch.save", dies_at_step_15)
+    assert train(tiny_dataset, crashed, *args) == 130
+    monkeypatch.setattr("vla.checkpoint.torch.save", real_save)
+    assert load_meta(crashed)["step"] == 10
+    assert train_main(["--out", str(crashed), "--resume"]) == 0
+    final = [json.loads((d / "summary.json").read_text())["final_loss"] for d in (whole, crashed)]
+    assert final[0] == final[1]
+    assert sorted(d.name for d in (crashed / "checkpoints").iterdir()) == ["step_0000020"]  # no stale dirs
+
+
+def test_resume_refuses_another_dataset(tiny_dataset, tmp_path, capsys):
+    import shutil
+
+    import h5py
+
+    out, other = tmp_path / "run", tmp_path / "other.hdf5"
+    assert train(tiny_dataset, out, "train.steps=4") == 0
+    shutil.copy(tiny_dataset, other)
+    with h5py.File(other, "r+") as f:
+        name = next(iter(f["mask/train"][()])).decode()
+        f[f"data/{name}/actions"][0, 0] += 0.5  # one number of the training split changed
+    capsys.readouterr()
+    assert train_main(["--data", str(other), "--out", str(out), "--resume", "train.steps=8"]) == 2
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vla-train: error: --data") and "not the dataset this run started on" in err
+    assert len(err.splitlines()) == 1
+    assert train_main(["--data", str(tiny_dataset), "--out", str(out), "--resume", "train.steps=8"]) == 0
+
+
+def test_train_state_holds_the_rng_streams_and_the_data_fingerprint(tiny_dataset, tmp_path):
+    out = tmp_path / "run"
+    assert train(tiny_dataset, out, "train.steps=3") == 0
+    state = torch.load(out / "latest" / "train_state.pt", weights_only=True)
+    assert {"torch_rng", "data_fingerprint", "last_loss", "optimizer", "scheduler"} <= set(state)
+    assert ("cuda_rng" in state) == torch.cuda.is_available()
 
 
 def test_config_errors_are_one_line(tiny_dataset, tmp_path, capsys):
@@ -115,3 +175,48 @@ def test_ddp_two_processes_hold_identical_weights(tiny_dataset, tmp_path):
     assert summary["world_size"] == 2 and summary["finished"]
     digests = summary["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
+
+
+def _ddp_rank_with_a_nan_loss(rank: int, world: int, port: int, data: str, out: str) -> None:
+    """A DDP rank in which rank 1 alone sees a non-finite loss (its model's forward is patched)."""
+    import os
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    from vla import train as train_module
+    from vla.model import ActionTransformer
+
+    if rank == 1:
+        forward = ActionTransformer.forward
+
+        def poisoned(self, batch):
+            out = forward(self, batch)
+            return {**out, "loss": out["loss"] * float("nan")}
+
+        ActionTransformer.forward = poisoned
+    cfg = train_module.load_config(TINY, ["train.steps=4", "train.device=cpu"])
+    try:
+        train_module.train(cfg, data, __import__("pathlib").Path(out))
+    except train_module.NonFiniteError:
+        Path(out, f"rank{rank}.nonfinite").write_text("raised")
+        return
+    Path(out, f"rank{rank}.finished").write_text("no error")
+
+
+@pytest.mark.slow
+def test_ddp_a_nonfinite_loss_on_one_rank_stops_every_rank_instead_of_hanging(tiny_dataset, tmp_path):
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(
+        _ddp_rank_with_a_nan_loss, args=(2, port, str(tiny_dataset), str(tmp_path)), nprocs=2, join=False,
+        start_method="spawn",
+    )  # fmt: skip
+    deadline = time.time() + 120
+    while not ctx.join(timeout=5):
+        assert time.time() < deadline, "DDP ranks hung on a non-finite loss"
+    assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0.nonfinite", "rank1.nonfinite"]

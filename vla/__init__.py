@@ -7,11 +7,14 @@ episode and `policy.act(obs)` every control step (see README, "Evaluate, deploy,
 __version__ = "0.1.0"
 
 
-def load_policy(checkpoint_dir, device=None, kv_cache=True):
-    """Load a trained policy from a checkpoint directory (safetensors + JSON; never unpickles)."""
+def load_policy(checkpoint_dir, device=None, kv_cache=None, **overrides):
+    """Load a trained policy from a checkpoint directory (safetensors + JSON; never unpickles).
+
+    `kv_cache` and `overrides` replace PolicyConfig fields saved with the checkpoint (readout,
+    temporal_ensemble, ensemble_coeff, n_action_steps, temperature)."""
     from vla.policy import load_policy as _load
 
-    return _load(checkpoint_dir, device=device, kv_cache=kv_cache)
+    return _load(checkpoint_dir, device=device, kv_cache=kv_cache, **overrides)
 
 
 __all__ = ["load_policy", "__version__"]

@@ -21,15 +21,16 @@ from vla.tokenizers import PAD_ID
 
 def first_action_attention(policy) -> dict:
     """Attention of the newest step's first action slot: per layer (H, patches) and (H, words)."""
-    model, cfg = policy.model, policy.cfg
+    model, cfg, lay = policy.model, policy.cfg, policy.model.layout
     batch = policy.window_batch()
     T = batch["timestep"].shape[1]
     with torch.no_grad():
-        maps = model.attention_maps(batch)  # per layer (1, H, N, N)
+        seen = model.inspect(batch)
+    maps = seen["attention"]  # per layer (1, H, N, N)
     layout = model.token_layout(T)
     seg, step = layout["segment"], layout["step"]
     query = int(torch.nonzero((step == T - 1) & (seg == SEG_ACTION))[0])  # first action slot, newest step
-    patches = torch.nonzero((step == T - 1) & (seg == SEG_IMAGE))[:, 0][: cfg.grid**2]  # first camera's patches
+    patches = torch.nonzero((step == T - 1) & (seg == SEG_IMAGE))[:, 0][: lay.grid**2]  # first camera's patches
     words = torch.nonzero(seg == SEG_INSTRUCTION)[:, 0]
     ids = batch["instruction"][0].tolist()
     real = [i for i, tok in enumerate(ids) if tok != PAD_ID]  # padding: masked keys, nothing to show
@@ -39,16 +40,17 @@ def first_action_attention(policy) -> dict:
         row = att[0, :, query].float().cpu()  # (H, N)
         per_layer.append(
             {
-                "patches": row[:, patches].view(cfg.n_head, cfg.grid, cfg.grid).numpy(),  # (H, g, g)
+                "patches": row[:, patches].view(cfg.n_head, lay.grid, lay.grid).numpy(),  # (H, g, g)
                 "words": row[:, words[real]].numpy(),  # (H, n_words)
                 "other": (1.0 - row[:, patches].sum(-1) - row[:, words[real]].sum(-1)).numpy(),  # (H,)
             }
         )
     result = {"layers": per_layer, "words": pieces, "frame": batch["image"][0, -1, 0].cpu().numpy()}
     if cfg.keypoints:  # the newest frame's keypoint heat maps, from the same pass (first camera)
-        pe, h = model.patch_embed, cfg.keypoint_grid
-        result["keypoints"] = pe.last_att.view(T, cfg.n_cameras, cfg.keypoints, h, h)[-1, 0].float().cpu().numpy()
-        result["where"] = pe.last_where.view(T, cfg.n_cameras, cfg.keypoints, 2)[-1, 0].float().cpu().numpy()
+        h = lay.keypoint_grid
+        heat = seen["keypoint_heat"][0, -1, 0]  # (M, h*w): newest step, first camera
+        result["keypoints"] = heat.view(cfg.keypoints, h, h).float().cpu().numpy()
+        result["where"] = (heat @ model.patch_embed.kp_coords).float().cpu().numpy()  # (M, 2)
     return result
 
 
@@ -121,7 +123,7 @@ def attention_rollout(policy, task: str, seed: int, steps: list[int], out_dir: s
 
     import envs  # noqa: F401 - registers the tasks
 
-    env = gym.make(task, image_size=policy.cfg.image_size)
+    env = gym.make(task, image_size=policy.spec.image_size)
     obs, _ = env.reset(seed=seed)
     policy.reset(obs["instruction"])
     paths, name = [], task.split("/")[-1]

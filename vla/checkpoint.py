@@ -1,20 +1,26 @@
-"""Checkpoint directories: weights in safetensors, everything else in JSON, resume state apart.
+"""Checkpoint directories: each step's files written as one unit, weights in safetensors, the rest JSON.
 
-    DIR/model.safetensors   the model's weights (loading never unpickles)
-    DIR/config.json         resolved run config, model config, tokenizers and normalization stats,
-                            env_args and tasks of the training data, step
-    DIR/train_state.pt      optimizer, scheduler, RNG and sampler state, for --resume only
-                            (tensors and plain containers; loaded with weights_only=True)
-    DIR/best/               the same two files for the best evaluation so far
+    RUN/checkpoints/step_0000500/   one complete checkpoint:
+        model.safetensors           the model's weights (loading never unpickles)
+        config.json                 run config, model config, data spec, policy config, tokenizers and
+                                    normalization stats, env_args and tasks of the training data, step
+        train_state.pt              optimizer, scheduler, RNG, data fingerprint, for --resume only
+                                    (tensors and plain containers; loaded with weights_only=True)
+    RUN/latest -> checkpoints/step_0000500     the newest complete checkpoint
+    RUN/best   -> checkpoints/step_...         the best evaluation so far (when there is a score)
+    RUN/model.safetensors, RUN/config.json -> latest/...   so RUN itself loads as a checkpoint
 
-Every file is written to a temporary name, fsynced, and renamed over the old one, so a crash at any
-moment leaves either the previous checkpoint or the new one, never a mix of half-files.
+A step's files are written into a temporary directory, fsynced, and the directory renamed into place;
+only then is `latest` switched, by atomically replacing a symlink. A kill at any instant leaves
+`latest` on a complete checkpoint whose weights, optimizer state and RNG all belong to one step.
 """
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -22,14 +28,15 @@ import torch
 from safetensors.torch import load_file, save_file
 
 FORMAT = "vla-checkpoint"
-VERSION = 1
+VERSION = 2
+WEIGHTS, CONFIG, TRAIN_STATE = "model.safetensors", "config.json", "train_state.pt"
 
 
 class CheckpointError(Exception):
     """A checkpoint directory is missing a file or holds something we cannot read (one line)."""
 
 
-def _fsync_dir(path: Path) -> None:
+def _fsync(path: Path) -> None:
     fd = os.open(path, os.O_RDONLY)
     try:
         os.fsync(fd)
@@ -38,64 +45,133 @@ def _fsync_dir(path: Path) -> None:
 
 
 def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call `write(tmp_path)`, fsync the result, then rename it over `path`."""
+    """Call `write(tmp_path)`, fsync the result, then rename it over `path` (for single files)."""
     path = Path(path)
     path.parent.mkdir(parents=True, exist_ok=True)
     tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
     try:
         write(tmp)
-        with open(tmp, "rb+") as f:
-            os.fsync(f.fileno())
+        _fsync(tmp)
         os.replace(tmp, path)
     finally:
         tmp.unlink(missing_ok=True)
-    _fsync_dir(path.parent)
+    _fsync(path.parent)
 
 
 def save_json(path: str | os.PathLike, obj: Any) -> None:
     atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=2) + "\n"))
 
 
-def save_model(directory: str | os.PathLike, model: torch.nn.Module, meta: dict) -> None:
-    """Write model.safetensors, then config.json (the weights are never newer than their config)."""
-    directory = Path(directory)
+def _point(link: Path, target: str) -> None:
+    """Make `link` a symlink to `target` (relative), atomically replacing what was there."""
+    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
+    tmp.unlink(missing_ok=True)
+    os.symlink(target, tmp)
+    os.replace(tmp, link)
+    _fsync(link.parent)
+
+
+def save_checkpoint(
+    run_dir: str | os.PathLike, step: int, model: torch.nn.Module, meta: dict, train_state: dict, best: bool = False
+) -> Path:
+    """Write step `step` as one unit under RUN/checkpoints/, switch RUN/latest (and RUN/best) to it, and
+    prune older checkpoints. Returns the checkpoint's directory."""
+    run_dir = Path(run_dir)
+    root = run_dir / "checkpoints"
+    root.mkdir(parents=True, exist_ok=True)
+    name = f"step_{step:07d}"
+    tmp = root / f".{name}.tmp{os.getpid()}"
+    shutil.rmtree(tmp, ignore_errors=True)
+    tmp.mkdir()
     state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    atomic_write(directory / "model.safetensors", lambda tmp: save_file(state, str(tmp)))
-    save_json(directory / "config.json", {"format": FORMAT, "version": VERSION, **meta})
+    save_file(state, str(tmp / WEIGHTS))
+    (tmp / CONFIG).write_text(json.dumps({"format": FORMAT, "version": VERSION, **meta, "step": step}, indent=2) + "\n")
+    torch.save(train_state, tmp / TRAIN_STATE)
+    for f in (WEIGHTS, CONFIG, TRAIN_STATE):
+        _fsync(tmp / f)
+    _fsync(tmp)
+    final = root / name
+    if final.exists():  # written by an earlier attempt that died before `latest` pointed at it
+        shutil.rmtree(final)
+    os.replace(tmp, final)
+    _fsync(root)
+    _point(run_dir / "latest", f"checkpoints/{name}")
+    if best:
+        _point(run_dir / "best", f"checkpoints/{name}")
+    for f in (WEIGHTS, CONFIG):  # RUN itself loads as the latest checkpoint
+        if not (run_dir / f).is_symlink():
+            _point(run_dir / f, f"latest/{f}")
+    _prune(run_dir)
+    return final
+
+
+def _prune(run_dir: Path) -> None:
+    """Delete checkpoints that neither `latest` nor `best` points to, and stale temporary directories."""
+    keep = {(run_dir / link).resolve() for link in ("latest", "best") if (run_dir / link).is_symlink()}
+    for d in (run_dir / "checkpoints").iterdir():
+        if d.resolve() not in keep and (d.name.startswith("step_") or ".tmp" in d.name):
+            shutil.rmtree(d, ignore_errors=True)
+
+
+def has_checkpoint(run_dir: str | os.PathLike) -> bool:
+    return (Path(run_dir) / "latest" / CONFIG).is_file()
+
+
+@dataclass
+class Checkpoint:
+    """One complete checkpoint directory, resolved once (so its files all belong to one step)."""
+
+    path: Path
+    meta: dict
+
+    def weights(self, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
+        path = self.path / WEIGHTS
+        if not path.is_file():
+            raise CheckpointError(f"{self.path}: no {WEIGHTS}")
+        try:
+            return load_file(str(path), device=str(device))
+        except Exception as e:  # noqa: BLE001 - safetensors raises several types for a damaged file
+            raise CheckpointError(f"{path}: cannot read weights ({type(e).__name__}: {e})") from None
+
+    def load_into(self, model: torch.nn.Module, device: str | torch.device = "cpu") -> None:
+        """Load the weights into `model`; a mismatch with its config is one line, not a traceback."""
+        try:
+            model.load_state_dict(self.weights(device), strict=True)
+        except RuntimeError as e:
+            lines = [line.strip() for line in str(e).strip().splitlines()]
+            detail = "; ".join(lines[1:3]) or lines[0]
+            raise CheckpointError(f"{self.path}: the weights do not match {CONFIG} ({detail})") from None
+
+    def train_state(self) -> dict:
+        path = self.path / TRAIN_STATE
+        if not path.is_file():
+            raise CheckpointError(f"{self.path}: nothing to resume (no {TRAIN_STATE})")
+        try:
+            return torch.load(path, map_location="cpu", weights_only=True)
+        except Exception as e:  # noqa: BLE001
+            raise CheckpointError(f"{path}: cannot read resume state ({type(e).__name__}: {e})") from None
+
+
+def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
+    """Open a checkpoint: a run directory (its `latest`), or one checkpoint's own directory."""
+    directory = Path(directory)
+    if not directory.is_dir():
+        raise CheckpointError(f"{directory}: not a checkpoint directory (it does not exist)")
+    path = (directory / "latest").resolve() if (directory / "latest").is_symlink() else directory.resolve()
+    config = path / CONFIG
+    if not config.is_file():
+        raise CheckpointError(f"{directory}: not a checkpoint directory (no {CONFIG})")
+    try:
+        meta = json.loads(config.read_text())
+    except (json.JSONDecodeError, UnicodeDecodeError) as e:
+        raise CheckpointError(f"{config}: not valid JSON ({e})") from None
+    fmt = meta.get("format") if isinstance(meta, dict) else None
+    if fmt != FORMAT:
+        raise CheckpointError(f"{config}: not a vla checkpoint config (format={fmt!r})")
+    if meta.get("version") != VERSION:
+        raise CheckpointError(f"{config}: checkpoint format version {meta.get('version')}, this vla reads {VERSION}")
+    return Checkpoint(path, meta)
 
 
 def load_meta(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / "config.json"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: not a checkpoint directory (no config.json)")
-    try:
-        meta = json.loads(path.read_text())
-    except (json.JSONDecodeError, UnicodeDecodeError) as e:
-        raise CheckpointError(f"{path}: not valid JSON ({e})") from None
-    if meta.get("format") != FORMAT:
-        raise CheckpointError(f"{path}: not a vla checkpoint config (format={meta.get('format')!r})")
-    return meta
-
-
-def load_weights(directory: str | os.PathLike, device: str | torch.device = "cpu") -> dict[str, torch.Tensor]:
-    path = Path(directory) / "model.safetensors"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: no model.safetensors")
-    try:
-        return load_file(str(path), device=str(device))
-    except Exception as e:  # noqa: BLE001 - safetensors raises several types for a damaged file
-        raise CheckpointError(f"{path}: cannot read weights ({type(e).__name__}: {e})") from None
-
-
-def save_train_state(directory: str | os.PathLike, state: dict) -> None:
-    atomic_write(Path(directory) / "train_state.pt", lambda tmp: torch.save(state, tmp))
-
-
-def load_train_state(directory: str | os.PathLike) -> dict:
-    path = Path(directory) / "train_state.pt"
-    if not path.is_file():
-        raise CheckpointError(f"{directory}: nothing to resume (no train_state.pt)")
-    try:
-        return torch.load(path, map_location="cpu", weights_only=True)
-    except Exception as e:  # noqa: BLE001
-        raise CheckpointError(f"{path}: cannot read resume state ({type(e).__name__}: {e})") from None
+    return load_checkpoint(directory).meta

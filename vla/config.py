@@ -115,7 +115,10 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     kwargs = {}
     for key, value in data.items():
         if key not in types_:
-            raise ConfigError(f"unknown key '{where}.{key}'{_nearest(key, list(types_))}".replace("config.", ""))
+            name = f"{where}.{key}".replace("config.", "")
+            if key in getattr(cls, "DATA_DECIDED", ()):
+                raise ConfigError(f"'{name}' is decided by the data (saved as the checkpoint's data_spec), not set")
+            raise ConfigError(f"unknown key '{name}'{_nearest(key, list(types_))}")
         kwargs[key] = _coerce(value, types_[key], f"{where}.{key}".replace("config.", ""))
     try:
         return cls(**kwargs)
@@ -153,6 +156,8 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
             if part not in types_:
                 prefix = ".".join(parts[:depth])
                 name = f"{prefix}.{part}" if prefix else part
+                if part in getattr(cls, "DATA_DECIDED", ()):
+                    raise ConfigError(f"'{name}' is decided by the data (saved as the checkpoint's data_spec), not set")
                 raise ConfigError(f"unknown key '{name}'{_nearest(part, list(types_))}")
             if depth == len(parts) - 1:
                 node[part] = _parse_scalar(text)

@@ -3,7 +3,8 @@
 A sample is the window that ends at step t of a demo: steps max(0, t-K+1) .. t, left-padded to K at
 the start of an episode (padding steps are masked, exactly as the policy's cache is only partly
 full in an episode's first K steps). Every step of the window carries its targets: the actions
-t' .. t'+chunk-1 (the last action repeats past the end of the demo).
+t' .. t'+chunk-1; targets past the end of the demo are marked in `action_is_pad` and carry no
+loss (as ACT does), instead of teaching the policy to repeat the last action.
 
 The HDF5 file is opened lazily, once per DataLoader worker (h5py handles do not survive fork).
 With `preload=True` the frames are decoded once into memory instead; on a small CPU dataset that
@@ -12,6 +13,7 @@ keeps the two cores for training rather than for gzip.
 
 from __future__ import annotations
 
+import hashlib
 import os
 from dataclasses import dataclass
 
@@ -71,6 +73,19 @@ def fit_tokenizers(
     )
 
 
+def data_fingerprint(path: str | os.PathLike, split: str, keys: ObsKeys) -> str:
+    """A digest of what a run trains on (demo names, actions, proprio, instructions of the split): resume
+    compares it, so a run is never silently continued on another dataset."""
+    h = hashlib.sha256()
+    with open_dataset(path) as f:
+        for name in demo_names(f, split):
+            demo = read_demo(f, name, keys, images=False)
+            h.update(name.encode() + demo.instruction.encode())
+            h.update(np.ascontiguousarray(demo.actions, dtype=np.float32).tobytes())
+            h.update(np.ascontiguousarray(demo.proprio, dtype=np.float32).tobytes())
+    return h.hexdigest()[:16]
+
+
 def _left_pad(steps: np.ndarray, K: int) -> torch.Tensor:
     """(n, ...) the window's real steps -> (K, ...), zeros first (an episode's first K - 1 windows)."""
     out = np.zeros((K, *steps.shape[1:]), dtype=steps.dtype)
@@ -103,14 +118,17 @@ class WindowDataset(Dataset):
             self.names = demo_names(f, split)
             metas = [demo_meta(f, n, keys) for n in self.names]
             # Actions, proprio and instructions are small: tokenize them all once, up front.
-            self.actions, self.proprio, self.instructions, self.aux, self.keypoint_targets = [], [], [], [], []
+            self.actions, self.action_is_pad, self.proprio, self.instructions = [], [], [], []
+            self.aux, self.keypoint_targets = [], []
             for name in self.names:
                 demo = read_demo(f, name, keys, images=False)
                 if aux_key:
                     self.aux.append(self._aux_targets(f, name, aux_key, demo.proprio))
                 if keypoint_key:
                     self.keypoint_targets.append(self._keypoint_targets(f, name, keypoint_key))
-                self.actions.append(self._action_targets(demo.actions))
+                targets, is_pad = self._action_targets(demo.actions)
+                self.actions.append(targets)
+                self.action_is_pad.append(is_pad)
                 self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
                 self.instructions.append(
                     np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
@@ -152,12 +170,13 @@ class WindowDataset(Dataset):
             raise DatasetError(f"{f.filename}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
         return px.reshape(len(px), -1, 2)
 
-    def _action_targets(self, actions: np.ndarray) -> np.ndarray:
-        """(T, chunk * A) int64: tokens of actions t .. t+chunk-1, chunk-major, last action repeated."""
+    def _action_targets(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+        """Tokens of actions t .. t+chunk-1, chunk-major: (T, chunk * A) int64, and (T, chunk) bool, True
+        where t + c is past the demo's end (that slot holds the last action's token, and no loss)."""
         tokens = np.asarray(self.tok.action.encode(actions), dtype=np.int64)  # (T, A)
         T = len(tokens)
-        future = np.minimum(np.arange(T)[:, None] + np.arange(self.chunk)[None, :], T - 1)  # (T, chunk)
-        return tokens[future].reshape(T, -1)  # (T, chunk, A) -> (T, chunk * A)
+        future = np.arange(T)[:, None] + np.arange(self.chunk)[None, :]  # (T, chunk)
+        return tokens[np.minimum(future, T - 1)].reshape(T, -1), future >= T  # (T, chunk * A), (T, chunk)
 
     def __len__(self) -> int:
         return len(self.index)
@@ -184,6 +203,7 @@ class WindowDataset(Dataset):
             "timestep": torch.from_numpy(timestep),
             "step_mask": torch.from_numpy(step_mask),
             "actions": _left_pad(self.actions[d][start : t + 1], K),  # (K, chunk*A)
+            "action_is_pad": _left_pad(self.action_is_pad[d][start : t + 1], K),  # (K, chunk)
             "demo": torch.tensor(d),
         }
         if self.aux:

@@ -145,7 +145,7 @@ def _run(args) -> int:
     policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
     if args.threads is not None or policy.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
-    robot = SimRobot(gym.make(task, image_size=policy.cfg.image_size), seed=args.seed)
+    robot = SimRobot(gym.make(task, image_size=policy.spec.image_size), seed=args.seed)
     guard = ActionGuard.from_robot(robot, max_delta=args.max_delta or None, limit_gripper=args.limit_gripper)
     try:
         result = Controller(policy, robot, config, guard).run()

@@ -267,7 +267,7 @@ def _run(args) -> int:
             print(f"{task}: {len(paths)} attention figures in {args.attention}")
         if not args.json:
             return 0  # figures only; pass --json to evaluate as well
-    image_size = policy.cfg.image_size
+    image_size = policy.spec.image_size
     start = time.perf_counter()
     if args.workers > 1:
         result = evaluate_parallel(

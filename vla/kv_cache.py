@@ -7,9 +7,9 @@ Layout of the key/value buffer along the sequence axis (L instruction tokens, S 
 Step n of an episode is written to slot n % K. When the window is full the new step overwrites the
 oldest one: eviction is free (no copy, no roll) and memory is constant over an episode of any length.
 Slots are not in time order, and need not be: attention is a weighted sum over keys, and every key's
-mask and time bias are computed from the slot's stored episode step index, never from its position.
-The model (`ActionTransformer.start/step`) fills the buffer; this object only holds it and knows
-which slot is next.
+mask and time bias are computed from the slot's stored episode step index (`coords`), never from its
+position. The model (`ActionTransformer.start/step`) fills the buffer; this object only holds it and
+knows which slot is next.
 """
 
 from __future__ import annotations
@@ -17,6 +17,8 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 import torch
+
+from vla.model.transformer import TokenCoords
 
 
 @dataclass
@@ -30,9 +32,8 @@ class KVCache:
     instruction_len: int  # L, tokens
     tokens_per_step: int  # S, tokens
     n_steps: int = 0  # steps appended since `start` (the next step goes to slot n_steps % K)
-    step_embed: torch.Tensor | None = None  # (S, d) additive embedding of each step position, set by start
-    film_ctx: torch.Tensor | None = None  # (B, d) instruction summary for a FiLM stem, set by start
-    instr_add: torch.Tensor | None = None  # (B, 1|H, 1, L) mask columns of the instruction keys, set by start
+    started: bool = False  # has `start` encoded an instruction since the last reset
+    film_ctx: torch.Tensor | None = None  # (B, 2d) instruction summary for a FiLM stem, set by start
 
     @property
     def window(self) -> int:
@@ -49,7 +50,7 @@ class KVCache:
 
     def reset(self) -> None:
         """Forget the episode (the buffers are reused, not reallocated)."""
-        self.n_steps = 0
+        self.n_steps, self.started, self.film_ctx = 0, False, None
         self.slot_valid.zero_()
         self.slot_timestep.zero_()
         self.instr_valid.zero_()
@@ -65,6 +66,19 @@ class KVCache:
     def slot_offset(self, slot: int) -> int:
         """Sequence position of the first token of `slot` in the buffer."""
         return self.instruction_len + slot * self.tokens_per_step
+
+    def coords(self) -> TokenCoords:
+        """Where every buffer position sits (for the attention rule): instruction, then the K slots."""
+        L, S, K, dev = self.instruction_len, self.tokens_per_step, self.window, self.kv.device
+        return TokenCoords(
+            pos=torch.arange(L + K * S, device=dev),
+            slot=torch.cat([torch.full((L,), -1, device=dev), torch.arange(K, device=dev).repeat_interleave(S)]),
+            index=torch.cat([torch.arange(L, device=dev), torch.arange(S, device=dev).repeat(K)]),
+            time=torch.cat(
+                [self.slot_timestep.new_zeros(self.batch_size, L), self.slot_timestep.repeat_interleave(S, 1)], 1
+            ),
+            valid=torch.cat([self.instr_valid, self.slot_valid.repeat_interleave(S, dim=1)], dim=1),  # (B, L + K*S)
+        )
 
     def window_slots(self) -> list[int]:
         """The filled slots, oldest step first."""

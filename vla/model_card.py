@@ -12,37 +12,38 @@ from __future__ import annotations
 
 import torch
 
-from vla.model import ActionTransformer, ModelConfig
+from vla.model import ActionTransformer, DataSpec, ModelConfig, TokenLayout
 
 
 def _numel(module) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def _patch_embed_flops(cfg: ModelConfig) -> int:
+def _patch_embed_flops(cfg: ModelConfig, lay: TokenLayout) -> int:
     """FLOPs to embed one step's images (all cameras)."""
-    p, g, d = cfg.patch_size, cfg.grid, cfg.d_model
+    p, g, d = cfg.patch_size, lay.grid, cfg.d_model
     if cfg.patch_embed == "linear":
         flops = g * g * 2 * (p * p * 3) * d
     else:
-        flops, c_in, side, n = 0, 3 + 2, cfg.image_size, p.bit_length() - 1  # the stem in vla.model.PatchEmbed
+        flops, c_in, side, n = 0, 3 + 2, lay.spec.image_size, p.bit_length() - 1  # the stem in vla/model/vision.py
         for i in range(n):
             side = (side + 1) // 2
             c_out = d if i == n - 1 else cfg.conv_channels * 2**i
             flops += side * side * 2 * c_in * 9 * c_out
             c_in = c_out
     if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
-        h, c = cfg.keypoint_grid, cfg.keypoint_channels
+        h, c = lay.keypoint_grid, cfg.keypoint_channels
         flops += h * h * 2 * (5 * 9 * c + c * 9 * c + c * cfg.keypoints * (2 if cfg.film else 1))  # + queries
-    return cfg.n_cameras * flops
+    return lay.spec.n_cameras * flops
 
 
-def model_card(cfg: ModelConfig) -> dict:
+def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
     """Parameters by component (total == sum of numel) and FLOPs, for a config (no weights allocated)."""
     with torch.device("meta"):
-        model = ActionTransformer(cfg)
+        model = ActionTransformer(cfg, spec)
+    lay = model.layout
     d, dff, nl = cfg.d_model, cfg.d_ff, cfg.n_layer
-    L, K, S, CA = cfg.instruction_len, cfg.window, cfg.tokens_per_step, cfg.n_action_tokens
+    L, K, S, CA = cfg.instruction_len, cfg.window, lay.tokens_per_step, lay.n_action_tokens
 
     attn = sum(_numel(b.attn) for b in model.blocks)
     mlp = sum(_numel(b.mlp) for b in model.blocks)
@@ -81,7 +82,7 @@ def model_card(cfg: ModelConfig) -> dict:
     n_keys = L + K * S  # the streaming buffer: every query scores all of it
     attn_per_query = nl * 4 * d * n_keys
     head = 2 * d * cfg.action_bins
-    embed_step = _patch_embed_flops(cfg) + 2 * cfg.proprio_dim * d
+    embed_step = _patch_embed_flops(cfg, lay) + 2 * spec.proprio_dim * d
     streaming = S * dense_per_token + S * attn_per_query + CA * head + embed_step
     N = L + K * S  # stream length of a full training window
     forward = N * dense_per_token + nl * 4 * d * N * N + K * CA * head + K * embed_step
@@ -111,7 +112,7 @@ def model_card(cfg: ModelConfig) -> dict:
         "tokens": {
             "instruction": L,
             "per_step": S,
-            "image_per_step": cfg.n_image_tokens,
+            "image_per_step": lay.n_image_tokens,
             "proprio_per_step": 1,
             "action_per_step": CA,
             "window_stream": N,

@@ -1,6 +1,6 @@
 """The Policy: what a user calls to drive a robot with a trained checkpoint.
 
-    policy = load_policy("runs/demo", device="cpu", kv_cache=True)
+    policy = load_policy("runs/demo", device="cpu")         # PolicyConfig fields override, e.g. readout="argmax"
     policy.reset("put the red block in the bin")
     action = policy.act(obs)            # np.ndarray (A,) inside [-1, 1]
     chunk = policy.act_chunk(obs)       # np.ndarray (chunk, A): this step's action and the next ones
@@ -12,16 +12,19 @@ it recomputes the whole window from scratch every step; both give the same actio
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from pathlib import Path
 
 import numpy as np
 import torch
 
-from vla.checkpoint import CheckpointError, load_meta, load_weights
-from vla.config import from_dict
+from vla.checkpoint import CheckpointError, load_checkpoint
+from vla.config import ConfigError, from_dict
 from vla.dataset import Tokenizers
-from vla.model import ActionTransformer, ModelConfig
+from vla.model import ActionTransformer, DataSpec, ModelConfig
+from vla.policy_config import PolicyConfig
+from vla.temporal_ensemble import TemporalEnsembler
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -30,29 +33,37 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
     device = torch.device(device)
     if device.type == "cuda" and not torch.cuda.is_available():
-        raise ValueError("device 'cuda' was requested but no CUDA device is available")
+        raise ConfigError("device 'cuda' was requested but no CUDA device is available")
     return device
 
 
 class Policy:
-    def __init__(self, model: ActionTransformer, tokenizers: Tokenizers, meta: dict, kv_cache: bool = True):
+    def __init__(
+        self, model: ActionTransformer, tokenizers: Tokenizers, meta: dict, config: PolicyConfig | None = None
+    ):
         self.model = model.eval()
         self.tok = tokenizers
         self.meta = meta
         self.cfg: ModelConfig = model.cfg
-        self.kv_cache = kv_cache
+        self.spec: DataSpec = model.spec
+        self.config = config or PolicyConfig()
+        if self.config.n_action_steps > self.cfg.chunk:
+            raise ConfigError(
+                f"policy n_action_steps={self.config.n_action_steps} exceeds the model's chunk={self.cfg.chunk}"
+            )
         self.device = next(model.parameters()).device
-        self.image_keys = ["image", "wrist_image"][: self.cfg.n_cameras]
-        self._cache = model.new_cache(1, self.device) if kv_cache else None
-        self._history: deque = deque(maxlen=self.cfg.window)  # (image, proprio, timestep, tokens) per step
-        self._chunks: deque = deque(maxlen=self.cfg.chunk)  # (step it was predicted at, (chunk, A)), newest first
+        self.image_keys = ["image", "wrist_image"][: self.spec.n_cameras]
+        self._cache = model.new_cache(1, self.device) if self.config.kv_cache else None
+        self._history: deque = deque(maxlen=self.cfg.window)  # [image, proprio, timestep, tokens] per step
+        self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
+        self._plan: np.ndarray | None = None  # (chunk, A) the chunk being executed, with n_action_steps > 1
         self._instruction: torch.Tensor | None = None
         self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
 
     @property
     def action_dim(self) -> int:
-        return self.cfg.action_dim
+        return self.spec.action_dim
 
     @property
     def chunk(self) -> int:
@@ -65,7 +76,8 @@ class Policy:
         ids = self.tok.text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L)
         self._instruction = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=self.device)
         self._history.clear()
-        self._chunks.clear()
+        self._ensembler.reset()
+        self._plan = None
         self.t = 0
         if self._cache is not None:
             self.model.start(self._cache, self._instruction)
@@ -74,7 +86,7 @@ class Policy:
         """obs -> image (1, n_cam, H, W, 3) uint8 and normalized proprio (1, P), with clear errors."""
         if not isinstance(obs, dict):
             raise TypeError(f"obs must be a dict of observations, got {type(obs).__name__}")
-        size = self.cfg.image_size
+        size = self.spec.image_size
         frames = []
         for key in self.image_keys:
             if key not in obs:
@@ -86,83 +98,100 @@ class Policy:
         if "proprio" not in obs:
             raise KeyError(f"observation is missing 'proprio' (has: {', '.join(sorted(obs))})")
         proprio = np.asarray(obs["proprio"], dtype=np.float32)
-        if proprio.shape != (self.cfg.proprio_dim,):
-            raise ValueError(f"obs['proprio'] must have shape ({self.cfg.proprio_dim},), got {proprio.shape}")
+        if proprio.shape != (self.spec.proprio_dim,):
+            raise ValueError(f"obs['proprio'] must have shape ({self.spec.proprio_dim},), got {proprio.shape}")
         if not np.all(np.isfinite(proprio)):
             raise ValueError("obs['proprio'] contains NaN or Inf")
         image = torch.from_numpy(np.stack(frames)[None]).to(self.device)  # (1, n_cam, H, W, 3)
         norm = self.tok.proprio.normalize(proprio).astype(np.float32)
         return image, torch.from_numpy(norm[None]).to(self.device)  # (1, P)
 
+    def _decode(self, image: torch.Tensor, proprio: torch.Tensor, timestep: torch.Tensor):
+        """Run the network on this step (cached or recomputed); the step's tokens join the history."""
+        temperature = self.config.temperature
+        if self._cache is not None:
+            out = self.model.step(self._cache, image, proprio, timestep, temperature=temperature)
+        else:
+            w = self.window_batch()
+            out = self.model.recompute(
+                w["instruction"], w["image"], w["proprio"], w["timestep"], actions=w["actions"], temperature=temperature
+            )
+        self._history[-1][3] = out.tokens
+        return out
+
+    def _values(self, out) -> np.ndarray:
+        """Decoded tokens/logits of one step -> (chunk, A) action values."""
+        chunk, A = self.cfg.chunk, self.spec.action_dim
+        if self.config.readout == "expectation":
+            # The mean of each slot's distribution over bin centres: sub-bin resolution, and where the
+            # model is torn between neighbouring bins it lands between them instead of on either.
+            probs = out.logits[0].float().softmax(-1).view(chunk, A, -1)  # (chunk, A, bins)
+            return (probs * self._centres).sum(-1).cpu().numpy()  # (chunk, A)
+        return self.tok.action.decode(out.tokens[0].view(chunk, A).cpu().numpy())  # (chunk, A)
+
     @torch.inference_mode()
     def act_chunk(self, obs: dict) -> np.ndarray:
-        """This step's action followed by the chunk-1 predicted next ones: (chunk, A) in [-1, 1]."""
+        """This step's action followed by the predicted next ones: (chunk - k, A) in [-1, 1], where k is
+        how many actions of the executing chunk were already used (k = 0 with n_action_steps = 1)."""
         if self._instruction is None:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         image, proprio = self._inputs(obs)
         timestep = torch.tensor([self.t], dtype=torch.long, device=self.device)
         self._history.append([image, proprio, timestep, None])
-        if self._cache is not None:
-            out = self.model.step(self._cache, image, proprio, timestep)
-        else:
-            window = self.window_batch()
-            out = self.model.recompute(window["instruction"], window["image"], window["proprio"], window["timestep"])
-        self._history[-1][3] = out.tokens
         t, self.t = self.t, self.t + 1
-        if self.cfg.action_readout == "expectation":
-            # The mean of each slot's distribution over bin centres: sub-bin resolution, and where the
-            # model is torn between neighbouring bins it lands between them instead of on either.
-            probs = out.logits[0].float().softmax(-1).view(self.cfg.chunk, self.cfg.action_dim, -1)  # (chunk, A, bins)
-            values = (probs * self._centres).sum(-1).cpu().numpy()  # (chunk, A)
-        else:
-            tokens = out.tokens[0].view(self.cfg.chunk, self.cfg.action_dim).cpu().numpy()  # (chunk, A)
-            values = self.tok.action.decode(tokens)
-        if self.cfg.temporal_ensemble:
-            values = self._ensemble(t, values)
-        return np.clip(values, -1.0, 1.0).astype(np.float32)
-
-    def _ensemble(self, t: int, chunk: np.ndarray) -> np.ndarray:
-        """ACT's temporal ensembling, uniform weights: row j (step t + j) becomes the mean of every stored
-        chunk's prediction for step t + j, this one included. One chunk's guess flips between modes from
-        step to step (up / down at a phase boundary); the mean of the last `chunk` guesses does not."""
-        self._chunks.appendleft((t, chunk))
-        out = np.empty_like(chunk)
-        for j in range(len(chunk)):
-            guesses = [c[t + j - s] for s, c in self._chunks if t + j - s < len(c)]  # (n, A) for step t + j
-            out[j] = np.mean(guesses, axis=0)
-        return out
+        done = t % self.config.n_action_steps  # actions of the current plan already executed
+        out = self._decode(image, proprio, timestep)  # every step joins the context, planned or not
+        if done and self._plan is not None:
+            return self._plan[done:]
+        values = self._values(out)
+        if self.config.temporal_ensemble:
+            values = self._ensembler.update(t, values)
+        self._plan = np.clip(values, -1.0, 1.0).astype(np.float32)
+        return self._plan
 
     def window_batch(self) -> dict:
-        """The current window (the last K steps seen) as a model batch of one, oldest step first."""
+        """The current window (the last K steps seen) as a model batch of one, oldest step first; the
+        steps' decoded tokens as `actions` (-1 for a step not yet decoded)."""
         images, props, steps, tokens = zip(*self._history, strict=True)
-        batch = {
+        blank = torch.full((1, self.model.layout.n_action_tokens), -1, dtype=torch.long, device=self.device)
+        return {
             "instruction": self._instruction,  # (1, L)
             "image": torch.stack(images, dim=1),  # (1, T, n_cam, H, W, 3)
             "proprio": torch.stack(props, dim=1),  # (1, T, P)
             "timestep": torch.stack(steps, dim=1),  # (1, T)
+            "actions": torch.stack([blank if t is None else t for t in tokens], dim=1),  # (1, T, chunk*A)
         }
-        if all(t is not None for t in tokens):
-            batch["actions"] = torch.stack(tokens, dim=1)  # (1, T, chunk*A)
-        return batch
 
     def act(self, obs: dict) -> np.ndarray:
         """One action (A,) for this observation."""
         return self.act_chunk(obs)[0]
 
 
-def load_policy(checkpoint_dir: str | Path, device=None, kv_cache: bool = True) -> Policy:
-    """Build a Policy from DIR/config.json + DIR/model.safetensors (never unpickles)."""
-    meta = load_meta(checkpoint_dir)
-    device = pick_device(device)
+def load_policy(checkpoint_dir: str | Path, device=None, kv_cache: bool | None = None, **overrides) -> Policy:
+    """Build a Policy from a checkpoint directory (safetensors + JSON; never unpickles).
+
+    `kv_cache` and `overrides` are PolicyConfig fields (readout, temporal_ensemble, n_action_steps, ...)
+    that replace the values saved with the checkpoint."""
+    ckpt = load_checkpoint(checkpoint_dir)
+    meta = ckpt.meta
+    if kv_cache is not None:
+        overrides["kv_cache"] = kv_cache
     try:
         cfg = from_dict(ModelConfig, meta["model"], "model")
+        spec = from_dict(DataSpec, meta["data_spec"], "data_spec")
+        saved = meta.get("policy", {})
+        from_dict(PolicyConfig, saved, "policy")
         tokenizers = Tokenizers.from_dict(meta["tokenizers"])
-    except (KeyError, ValueError) as e:
-        raise CheckpointError(f"{checkpoint_dir}/config.json: incomplete or invalid ({e})") from None
-    model = ActionTransformer(cfg)
-    missing, unexpected = model.load_state_dict(load_weights(checkpoint_dir), strict=False)
-    if missing or unexpected:
-        raise CheckpointError(
-            f"{checkpoint_dir}: weights do not match the config (missing {missing[:3]}, unexpected {unexpected[:3]})"
-        )
-    return Policy(model.to(device), tokenizers, meta, kv_cache=kv_cache)
+    except KeyError as e:
+        raise CheckpointError(f"{ckpt.path}/config.json: incomplete (no {e})") from None
+    except ConfigError as e:
+        raise CheckpointError(f"{ckpt.path}/config.json: invalid ({e})") from None
+    config = from_dict(PolicyConfig, {**saved, **overrides}, "policy")  # a bad override: the caller's error
+    model = ActionTransformer(cfg, spec)
+    ckpt.load_into(model)
+    return Policy(model.to(pick_device(device)), tokenizers, meta, config)
+
+
+def policy_with(policy: Policy, **overrides) -> Policy:
+    """The same network and tokenizers under other PolicyConfig settings (e.g. for an evaluation sweep)."""
+    return Policy(policy.model, policy.tok, policy.meta, dataclasses.replace(policy.config, **overrides))

@@ -15,10 +15,11 @@ from pathlib import Path
 
 import torch
 
+from vla.augment import random_shift
 from vla.config import from_dict, load_yaml
 from vla.dataset import EpochSampler, WindowDataset, fit_tokenizers
 from vla.hdf5_format import ObsKeys
-from vla.train import TrainConfig, random_shift
+from vla.train_config import TrainConfig
 
 
 def add_arguments(p) -> None:

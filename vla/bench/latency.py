@@ -39,30 +39,18 @@ import numpy as np
 import torch
 
 from vla.config import apply_overrides, from_dict, load_yaml
-from vla.model import ActionTransformer, ModelConfig
+from vla.model import ActionTransformer, DataSpec, ModelConfig, TokenLayout
 
-AUX_DIM = 6  # auxiliary targets per step from our tasks' obs/object: the named block's xyz and its goal's
-
-# The demo-sized model of the CPU end-to-end run.
-DEMO = {
-    "d_model": 128,
-    "n_layer": 4,
-    "n_head": 4,
-    "d_ff": 512,
-    "image_size": 64,
-    "patch_size": 16,
-    "n_cameras": 1,
-    "proprio_dim": 9,
-    "action_dim": 4,
-    "window": 8,
-}
+# The data of our tabletop tasks: 64x64 frames, 9 proprio values, 4 action dims, the named block's and its
+# goal's positions as auxiliary targets (6); the vocabulary size does not change the step's cost.
+TABLETOP = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=64, n_cameras=1, aux_dim=6)
 
 
 def add_arguments(p) -> None:
     p.add_argument("--config", default=None, help="YAML with model keys (top level or under `model:`)")
     p.add_argument("--steps", type=int, default=200, help="timed control steps per method (default 200)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: window + 10)")
-    p.add_argument("--window", type=int, default=None, help="K, control steps in the window (default 8)")
+    p.add_argument("--window", type=int, default=None, help="K, control steps in the window (default: the model's)")
     p.add_argument(
         "--decoding",
         choices=["autoregressive", "parallel", "both"],
@@ -77,13 +65,13 @@ def add_arguments(p) -> None:
 
 
 def build_config(args) -> ModelConfig:
-    data = dict(DEMO)
+    """The default (demo) model, or a preset's `model:` section, then --window and the overrides."""
+    data = {}
     if args.config:
         loaded = load_yaml(args.config)
-        data |= loaded["model"] if isinstance(loaded.get("model"), dict) else loaded
+        sections = any(isinstance(v, dict) for v in loaded.values())  # a training preset, or bare model keys
+        data = loaded.get("model", {}) if sections else loaded
     cfg = from_dict(ModelConfig, data, "model")
-    if cfg.aux_feed and not cfg.aux_dim:  # the data decides it in training: obs/object of our tasks has 6
-        cfg = replace(cfg, aux_dim=AUX_DIM)
     if args.window is not None:
         cfg = replace(cfg, window=args.window)
     return apply_overrides(cfg, list(args.overrides)) if args.overrides else cfg
@@ -107,16 +95,17 @@ def _stats(samples: list[float]) -> dict:
 class _Episode:
     """Random inputs for one episode (batch 1): the same for every method."""
 
-    def __init__(self, cfg: ModelConfig, n_steps: int, device: torch.device, seed: int):
+    def __init__(self, lay: TokenLayout, n_steps: int, device: torch.device, seed: int):
         g = torch.Generator().manual_seed(seed)
+        cfg, spec = lay.cfg, lay.spec
         n_words = max(2, cfg.instruction_len * 2 // 3)
         instr = torch.zeros(1, cfg.instruction_len, dtype=torch.long)
         instr[0, 0] = 1  # <bos>
-        instr[0, 1:n_words] = torch.randint(2, cfg.vocab_size, (n_words - 1,), generator=g)
+        instr[0, 1:n_words] = torch.randint(2, spec.vocab_size, (n_words - 1,), generator=g)
         self.instruction = instr.to(device)  # (1, L), padded tail
-        shape = (1, n_steps, cfg.n_cameras, cfg.image_size, cfg.image_size, 3)
+        shape = (1, n_steps, spec.n_cameras, spec.image_size, spec.image_size, 3)
         self.image = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)  # (1, E, C, H, W, 3)
-        self.proprio = torch.randn(1, n_steps, cfg.proprio_dim, generator=g).to(device)  # (1, E, P)
+        self.proprio = torch.randn(1, n_steps, spec.proprio_dim, generator=g).to(device)  # (1, E, P)
         self.timestep = torch.arange(n_steps, device=device)[None]  # (1, E)
         self.n_steps = n_steps
 
@@ -156,15 +145,16 @@ class _Recompute:
 class _HFGPT2:
     """transformers' GPT2LMHeadModel of the same size with its own KV cache (random weights)."""
 
-    def __init__(self, cfg: ModelConfig, n_steps: int, device, seed: int, one_pass: bool):
+    def __init__(self, lay: TokenLayout, n_steps: int, device, seed: int, one_pass: bool):
         import transformers
         from transformers import GPT2Config, GPT2LMHeadModel
 
         transformers.logging.set_verbosity_error()
         torch.manual_seed(seed)
+        cfg = lay.cfg
         gcfg = GPT2Config(
             vocab_size=cfg.action_bins,
-            n_positions=max(1024, cfg.n_tokens),
+            n_positions=max(1024, lay.n_tokens),
             n_embd=cfg.d_model,
             n_layer=cfg.n_layer,
             n_head=cfg.n_head,
@@ -178,13 +168,13 @@ class _HFGPT2:
         gcfg._attn_implementation = "sdpa"
         self.gpt = GPT2LMHeadModel(gcfg).to(device).eval()
         self.version = transformers.__version__
-        S, self.S, self.CA = cfg.tokens_per_step, cfg.tokens_per_step, cfg.n_action_tokens
+        S, self.S, self.CA = lay.tokens_per_step, lay.tokens_per_step, lay.n_action_tokens
         # token at a time (as a language model decodes): observation tokens + the previous token in one
         # call, then one call per further action token; one_pass: the whole step in one call
-        self.first = S if one_pass else cfg.n_obs_tokens + 1
+        self.first = S if one_pass else lay.n_obs_tokens + 1
         g = torch.Generator().manual_seed(seed)
         self.obs = torch.randn(n_steps, 1, self.first, cfg.d_model, generator=g).to(device)  # (E, 1, first, d)
-        prefix = torch.randn(1, cfg.n_tokens - S, cfg.d_model, generator=g).to(device)  # instruction + K-1 steps
+        prefix = torch.randn(1, lay.n_tokens - S, cfg.d_model, generator=g).to(device)  # instruction + K-1 steps
         # transformers >= 5.2x names the cache argument `cache`; earlier versions `past_key_values`
         self.key = "cache" if "cache" in inspect.signature(self.gpt.forward).parameters else "past_key_values"
         with torch.inference_mode():
@@ -228,10 +218,10 @@ def _equivalence(model, ep: _Episode, device) -> tuple[float, bool]:
     return worst, same
 
 
-def _time_roll(cfg: ModelConfig, device, n: int = 200) -> list[float]:
+def _time_roll(lay: TokenLayout, device, n: int = 200) -> list[float]:
     """What eviction would cost as a roll of the step region (the ring buffer moves no data)."""
-    L, S = cfg.instruction_len, cfg.tokens_per_step
-    kv = torch.zeros(cfg.n_layer, 2, 1, cfg.n_head, cfg.n_tokens, cfg.d_model // cfg.n_head, device=device)
+    cfg, L, S = lay.cfg, lay.cfg.instruction_len, lay.tokens_per_step
+    kv = torch.zeros(cfg.n_layer, 2, 1, cfg.n_head, lay.n_tokens, cfg.d_model // cfg.n_head, device=device)
     times = []
     for _ in range(n):
         _sync(device)
@@ -247,15 +237,16 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
     K = cfg.window
     warmup = max(args.warmup if args.warmup is not None else K + 10, K)  # window full before timing
     torch.manual_seed(args.seed)
-    model = ActionTransformer(cfg).to(device).eval()
-    ep = _Episode(cfg, warmup + args.steps, device, args.seed)
+    model = ActionTransformer(cfg, TABLETOP).to(device).eval()
+    lay = model.layout
+    ep = _Episode(lay, warmup + args.steps, device, args.seed)
     streaming = _Streaming(model, ep, device)
     methods = {"streaming": streaming, "recompute": _Recompute(model, ep, streaming)}
     hf_reason = None
     try:
-        methods["hf_gpt2"] = _HFGPT2(cfg, warmup + args.steps, device, args.seed, one_pass=False)
+        methods["hf_gpt2"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=False)
         if cfg.action_decoding == "parallel":  # GPT-2 given our parallel slots: same single pass
-            methods["hf_gpt2_one_pass"] = _HFGPT2(cfg, warmup + args.steps, device, args.seed, one_pass=True)
+            methods["hf_gpt2_one_pass"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
     except ImportError as e:  # an optional extra: `pip install -e .[bench]`
         hf_reason = f"transformers is not importable ({e}); install the `bench` extra"
     times = {name: [] for name in methods}
@@ -270,7 +261,7 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
             if hasattr(method, "after"):
                 method.after()
     n_eq = args.equivalence_steps if args.equivalence_steps is not None else 5 * K
-    diff, same = _equivalence(model, _Episode(cfg, n_eq, device, args.seed + 1), device)
+    diff, same = _equivalence(model, _Episode(lay, n_eq, device, args.seed + 1), device)
     res = {
         "streaming_ms": _stats(times["streaming"]),
         "recompute_ms": _stats(times["recompute"]),
@@ -278,7 +269,7 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
         "max_abs_diff": diff,
         "tokens_identical": same,
         "equivalence_steps": n_eq,
-        "forward_passes_per_step": cfg.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
+        "forward_passes_per_step": lay.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
     }
     if "hf_gpt2_one_pass" in times:
         res["hf_gpt2_one_pass_ms"] = _stats(times["hf_gpt2_one_pass"])
@@ -306,6 +297,7 @@ def run(args) -> dict:
     primary = modes[0]
     load = os.getloadavg()[0]
     by_mode = {m: _measure(replace(cfg, action_decoding=m), args, device) for m in modes}
+    lay = TokenLayout(cfg, TABLETOP)
     top = by_mode[primary]
     result = {
         "streaming_ms": top["streaming_ms"],
@@ -315,11 +307,12 @@ def run(args) -> dict:
         "decoding": primary,
         "speedup_p50": top["speedup_p50"],
         "by_decoding": by_mode,
-        "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": _stats(_time_roll(cfg, device))},
+        "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": _stats(_time_roll(lay, device))},
         "config": asdict(replace(cfg, action_decoding=primary)),
-        "tokens_per_step": cfg.tokens_per_step,
-        "window_tokens": cfg.n_tokens,
-        "params": ActionTransformer(replace(cfg, action_decoding=primary)).num_params(),
+        "data_spec": asdict(TABLETOP),
+        "tokens_per_step": lay.tokens_per_step,
+        "window_tokens": lay.n_tokens,
+        "params": ActionTransformer(replace(cfg, action_decoding=primary), TABLETOP).num_params(),
         "steps": args.steps,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

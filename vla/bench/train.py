@@ -18,11 +18,13 @@ import time
 import torch
 import torch.nn as nn
 
-from vla.bench.latency import AUX_DIM
+from vla.augment import random_shift
+from vla.bench.latency import TABLETOP
 from vla.config import from_dict, load_yaml
-from vla.model import ActionTransformer, ModelConfig
+from vla.model import ActionTransformer, TokenLayout
 from vla.model_card import model_card
-from vla.train import TrainConfig, random_shift
+from vla.train import total_loss
+from vla.train_config import TrainConfig
 
 
 def add_arguments(p) -> None:
@@ -47,24 +49,25 @@ def matmul_peak(seconds: float = 1.5, n: int = 1024) -> float:
     return best
 
 
-def synthetic_batch(cfg: ModelConfig, batch_size: int, generator: torch.Generator, keypoint_targets: int = 0) -> dict:
+def synthetic_batch(lay: TokenLayout, batch_size: int, generator: torch.Generator, keypoint_targets: int = 0) -> dict:
     """Random inputs of the real shapes (throughput does not depend on the values), with auxiliary
-    targets when the model has an auxiliary head and `keypoint_targets` heat-map targets per step."""
+    targets when the data has them and `keypoint_targets` heat-map targets per step."""
+    cfg, spec = lay.cfg, lay.spec
     B, K = batch_size, cfg.window
     extra = {}
-    if cfg.aux_dim:
-        extra["aux"] = torch.randn(B, K, cfg.aux_dim, generator=generator)
+    if spec.aux_dim:
+        extra["aux"] = torch.randn(B, K, spec.aux_dim, generator=generator)
     if keypoint_targets:
         extra["keypoint_targets"] = torch.rand(B, K, keypoint_targets, 2, generator=generator) * 2 - 1
     return extra | {
-        "instruction": torch.randint(2, cfg.vocab_size, (B, cfg.instruction_len), generator=generator),
+        "instruction": torch.randint(2, spec.vocab_size, (B, cfg.instruction_len), generator=generator),
         "image": torch.randint(
-            0, 256, (B, K, cfg.n_cameras, cfg.image_size, cfg.image_size, 3), generator=generator, dtype=torch.uint8
+            0, 256, (B, K, spec.n_cameras, spec.image_size, spec.image_size, 3), generator=generator, dtype=torch.uint8
         ),  # fmt: skip
-        "proprio": torch.randn(B, K, cfg.proprio_dim, generator=generator),
+        "proprio": torch.randn(B, K, spec.proprio_dim, generator=generator),
         "timestep": torch.arange(K).repeat(B, 1),
         "step_mask": torch.ones(B, K, dtype=torch.bool),
-        "actions": torch.randint(0, cfg.action_bins, (B, K, cfg.n_action_tokens), generator=generator),
+        "actions": torch.randint(0, cfg.action_bins, (B, K, lay.n_action_tokens), generator=generator),
     }
 
 
@@ -78,36 +81,35 @@ def _time_steps(step_fn, warmup: int, steps: int) -> float:
 
 
 def measure_ours(cfg: TrainConfig, batch_size: int, warmup: int, steps: int) -> dict:
-    if cfg.data.aux_key and not cfg.model.aux_dim:  # the data decides it: obs/object of our tasks has 6
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, aux_dim=AUX_DIM))
-    model = ActionTransformer(cfg.model)
+    spec = dataclasses.replace(TABLETOP, aux_dim=TABLETOP.aux_dim if cfg.data.aux_key else 0)
+    model = ActionTransformer(cfg.model, spec)
     opt = torch.optim.AdamW(model.optim_groups(cfg.optim.weight_decay), lr=1e-4)
     gen = torch.Generator().manual_seed(0)
-    batch = synthetic_batch(cfg.model, batch_size, gen, keypoint_targets=2 if cfg.data.keypoint_key else 0)
+    batch = synthetic_batch(model.layout, batch_size, gen, keypoint_targets=2 if cfg.data.keypoint_key else 0)
 
     def step():
         b = dict(batch, image=random_shift(batch["image"], cfg.data.augment_shift, gen))
-        out = model(b)
-        loss = out["loss"] + out.get("aux_loss", 0.0) + out.get("keypoint_loss", 0.0)  # as the trainer sums them
+        loss = total_loss(model(b), cfg.optim)  # the losses the trainer sums, with its weights
         opt.zero_grad(set_to_none=True)
         loss.backward()
         torch.nn.utils.clip_grad_norm_(model.parameters(), 1.0)
         opt.step()
 
     seconds = _time_steps(step, warmup, steps)
-    card = model_card(cfg.model)
+    card = model_card(cfg.model, spec)
     return {
         "seconds_per_step": seconds,
         "samples_per_s": batch_size / seconds,
-        "tokens_per_s": batch_size * cfg.model.n_tokens / seconds,
+        "tokens_per_s": batch_size * model.layout.n_tokens / seconds,
         "flops_per_sample": card["flops"]["per_training_sample_train"],
         "parameters": card["parameters"]["total"],
     }
 
 
-def measure_plain(mc: ModelConfig, batch_size: int, warmup: int, steps: int) -> dict:
+def measure_plain(lay: TokenLayout, batch_size: int, warmup: int, steps: int) -> dict:
     """nn.TransformerEncoder of the same shape over the same number of tokens, causal mask."""
-    N, d = mc.n_tokens, mc.d_model
+    mc = lay.cfg
+    N, d = lay.n_tokens, mc.d_model
     layer = nn.TransformerEncoderLayer(d, mc.n_head, mc.d_ff, dropout=0.0, activation="gelu", batch_first=True,
                                        norm_first=True)  # fmt: skip
     stack = nn.Sequential(
@@ -145,14 +147,15 @@ def run(args) -> dict:
     batch_size = args.batch_size or cfg.train.batch_size
     peak = matmul_peak()
     ours = measure_ours(cfg, batch_size, args.warmup, args.steps)
-    plain = measure_plain(cfg.model, batch_size, args.warmup, args.steps)
+    lay = TokenLayout(cfg.model, TABLETOP)
+    plain = measure_plain(lay, batch_size, args.warmup, args.steps)
     for r in (ours, plain):
         r["flops_per_s"] = r["samples_per_s"] * r["flops_per_sample"]
         r["mfu"] = r["flops_per_s"] / peak
     return {
         "config": args.config,
         "batch_size": batch_size,
-        "tokens_per_sample": cfg.model.n_tokens,
+        "tokens_per_sample": lay.n_tokens,
         "threads": torch.get_num_threads(),
         "torch": torch.__version__,
         "matmul_peak_flops_per_s": peak,

@@ -1,0 +1,149 @@
+"""The transformer trunk: pre-norm blocks, and the ONE attention rule every pass uses.
+
+Which keys a query sees is decided by `attention_mask` from where each token sits (`TokenCoords`):
+the training pass, the from-scratch recompute and the streaming KV-cache step all describe their
+queries and keys this way and call it, so the three cannot drift apart.
+
+The rule (`causal_scope`):
+- instruction queries see the earlier instruction tokens (causal), padding keys hidden;
+- step queries see every (non-padding) instruction token;
+- a step query sees the earlier tokens of its own step (causal within the step);
+- "step" scope: an action query sees the observation tokens of earlier steps, and an observation query
+  sees nothing of earlier steps. A token that later steps read (an observation token) then depends only
+  on its own step and the instruction, at every layer, so its cached keys/values are exactly what a
+  from-scratch pass over any later window computes: streaming with eviction equals recomputation.
+- "stream" scope: every token of an earlier step is visible (the plain causal mask). Cached keys then
+  carry context from evicted steps, so streaming equals recomputation only until the window slides.
+A query always sees itself (no empty rows). Relative time enters as a learned bias per head and step
+offset D = t_query - t_key in [0, K-1]; step queries also get a learned per-head bias on instruction keys.
+
+Never `is_causal=True`: PyTorch aligns it to the upper left, which is wrong whenever the queries are
+fewer than the keys (every cached step). Every call passes an explicit float mask.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vla.model.config import ModelConfig
+
+
+@dataclass
+class TokenCoords:
+    """Where each of n tokens sits; slot -1 marks instruction tokens."""
+
+    pos: torch.Tensor  # (n,) int64 position in the stream / cache buffer (a token sees itself)
+    slot: torch.Tensor  # (n,) int64 step slot (window position, or cache ring slot); -1 = instruction
+    index: torch.Tensor  # (n,) int64 index within its step (or within the instruction)
+    time: torch.Tensor  # (B, n) int64 episode step index (0 for instruction tokens)
+    valid: torch.Tensor  # (B, n) bool: False = padding (hidden as a key)
+
+    def select(self, rows: slice) -> TokenCoords:
+        """The coordinates of a contiguous run of these tokens (e.g. one step's queries in the cache)."""
+        return TokenCoords(self.pos[rows], self.slot[rows], self.index[rows], self.time[:, rows], self.valid[:, rows])
+
+
+def attention_mask(
+    q: TokenCoords,
+    k: TokenCoords,
+    same_step: torch.Tensor,
+    earlier_step: torch.Tensor,
+    rel_bias: torch.Tensor | None,
+    instr_bias: torch.Tensor | None,
+    dtype: torch.dtype,
+) -> torch.Tensor:
+    """Float mask (B, H|1, n_q, n_k): the time bias where a query may see a key, -inf elsewhere.
+
+    same_step / earlier_step (S, S) bool: within-step rule and the rule towards earlier steps, by index.
+    rel_bias (H, K) per head and step offset, instr_bias (H,), both None without relative time."""
+    S = same_step.shape[0]
+    q_step, k_step = q.slot >= 0, k.slot >= 0  # (n_q,), (n_k,)
+    qi, ki = q.index.clamp(max=S - 1)[:, None], k.index.clamp(max=S - 1)[None, :]  # (n_q, 1), (1, n_k)
+    instr_rule = ~q_step[:, None] & ~k_step[None, :] & (k.index[None, :] <= q.index[:, None])  # (n_q, n_k)
+    to_instr = q_step[:, None] & ~k_step[None, :]  # (n_q, n_k)
+    both = q_step[:, None] & k_step[None, :]  # (n_q, n_k)
+    same = both & (q.slot[:, None] == k.slot[None, :]) & same_step[qi, ki]  # (n_q, n_k)
+    earlier = (q.time[:, :, None] > k.time[:, None, :]) & (both & earlier_step[qi, ki] & (q.slot[:, None] != k.slot))
+    allowed = ((instr_rule | to_instr | same) | earlier) & k.valid[:, None, :]  # (B, n_q, n_k)
+    allowed = allowed | (q.pos[:, None] == k.pos[None, :])  # a query always sees itself
+    if rel_bias is None:
+        bias = torch.zeros(allowed.shape, dtype=dtype, device=allowed.device)[:, None]  # (B, 1, n_q, n_k)
+    else:
+        K = rel_bias.shape[1]
+        delta = (q.time[:, :, None] - k.time[:, None, :]).clamp(0, K - 1)  # (B, n_q, n_k)
+        bias = rel_bias[:, delta].transpose(0, 1) * both  # (B, H, n_q, n_k): step offset bias
+        bias = bias + instr_bias[None, :, None, None] * to_instr  # step queries -> instruction keys
+        bias = bias.to(dtype)
+    return bias.masked_fill(~allowed[:, None], float("-inf"))
+
+
+class CausalSelfAttention(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.n_head, self.head_dim = cfg.n_head, cfg.d_model // cfg.n_head
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.dropout = cfg.dropout
+        self.resid_drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x, mask, kv=None, pos=0, rows=None, need_weights=False):
+        """x (B, n, d); mask (B|1, H|1, n, n_keys) float, 0 / bias where allowed, -inf where not.
+
+        With `kv` (2, B, H, n_cache, hd) the new keys/values are written at [pos, pos + n) and the
+        queries attend to the whole buffer (the mask hides empty and stale positions). With `rows`
+        (a slice) only those queries are computed: (B, r, d) out. With `need_weights` also returns the
+        attention probabilities (B, H, n|r, n_keys) (math path)."""
+        B, n, d = x.shape
+        qkv = self.c_attn(x).view(B, n, 3, self.n_head, self.head_dim).permute(2, 0, 3, 1, 4)  # (3, B, H, n, hd)
+        if kv is None:
+            q, k, v = qkv[0], qkv[1], qkv[2]  # each (B, H, n, hd)
+        else:
+            kv[:, :, :, pos : pos + n] = qkv[1:]  # (2, B, H, n, hd) into the cache
+            q, k, v = qkv[0].to(kv.dtype), kv[0], kv[1]  # (B, H, n, hd), (B, H, n_cache, hd) x 2
+        if rows is not None:
+            q, mask = q[:, :, rows], mask[..., rows, :]  # (B, H, r, hd), (.., r, n_keys)
+        mask = mask.to(q.dtype)
+        weights = None
+        if need_weights:  # the math path, to expose the attention probabilities
+            weights = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + mask).softmax(-1)
+            y = weights @ v  # (B, H, n, hd)
+        else:
+            p = self.dropout if self.training else 0.0
+            y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask, dropout_p=p)  # (B, H, n, hd)
+        y = y.transpose(1, 2).reshape(B, q.shape[2], d)  # (B, n or r, d)
+        return self.resid_drop(self.c_proj(y)), weights
+
+
+class MLP(nn.Module):
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.gelu = nn.GELU()
+        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.drop = nn.Dropout(cfg.dropout)
+
+    def forward(self, x):
+        return self.drop(self.c_proj(self.gelu(self.c_fc(x))))
+
+
+class Block(nn.Module):
+    """Pre-norm transformer block: x + attn(ln(x)), then x + mlp(ln(x))."""
+
+    def __init__(self, cfg: ModelConfig):
+        super().__init__()
+        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.attn = CausalSelfAttention(cfg)
+        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.mlp = MLP(cfg)
+
+    def forward(self, x, mask, kv=None, pos=0, rows=None, need_weights=False):
+        """(B, n, d) -> (B, n, d), or (B, r, d) for the query `rows` only (keys/values from all n);
+        plus the attention probabilities when `need_weights` (else None)."""
+        y, weights = self.attn(self.ln_1(x), mask, kv, pos, rows, need_weights)
+        x = (x if rows is None else x[:, rows]) + y
+        return x + self.mlp(self.ln_2(x)), weights

@@ -1,0 +1,150 @@
+"""Vision encoder: uint8 frames -> image tokens (patch features, then spatial-softmax keypoints).
+
+Pure: `forward` returns everything a caller may need (tokens, keypoint coordinates, heat maps);
+nothing is kept on the module between calls.
+"""
+
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+from einops import rearrange
+
+from vla.model.config import ModelConfig, TokenLayout
+
+
+@dataclass
+class ImageTokens:
+    tokens: torch.Tensor  # (B, T, C*(g*g + M), d) image tokens with patch position / keypoint id + camera
+    where: torch.Tensor | None  # (B, T, C, M, 2) keypoint coordinates (row, column) in [-1, 1], or None
+    heat: torch.Tensor | None  # (B, T, C, M, h*w) keypoint heat maps (softmax over pixels), or None
+
+
+def film_gelu(x: torch.Tensor, film: nn.Linear | None, context: torch.Tensor | None) -> torch.Tensor:
+    """GELU of feature maps x (N, c, h, w), first scaled and shifted per channel by `film(context)` when
+    there is a FiLM layer; context (B, 2d) is shared by the N / B images of each batch row."""
+    if film is not None:
+        gamma, beta = film(context).repeat_interleave(x.shape[0] // context.shape[0], 0).chunk(2, 1)  # (N, c)
+        x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]  # (N, c, h, w)
+    return F.gelu(x)
+
+
+class PatchEmbed(nn.Module):
+    """uint8 images -> image tokens with a learned 2-D (row + column) position and a camera embedding."""
+
+    def __init__(self, cfg: ModelConfig, layout: TokenLayout):
+        super().__init__()
+        self.cfg, self.layout = cfg, layout
+        p, d, g, size = cfg.patch_size, cfg.d_model, layout.grid, layout.spec.image_size
+        self.supervised_keypoints = layout.spec.aux_dim > 0
+        if cfg.patch_embed == "linear":
+            self.proj = nn.Linear(p * p * 3, d, bias=cfg.bias)
+        else:
+            # A small convolutional stem ("early convolutions help transformers see", Xiao et al. 2021):
+            # log2(p) overlapping 3x3 stride-2 stages, channels doubling from conv_channels, ending at
+            # d channels on the patch grid. Two coordinate channels (CoordConv) make a feature's position
+            # inside its patch explicit, which a 16-pixel patch otherwise has to learn from scratch.
+            # With `film`, every hidden stage is scaled and shifted per channel by a function of the
+            # instruction (FiLM): the stem can pick out the named colour pixel by pixel, before any
+            # attention, which is what makes language-conditioned vision learnable in minutes on a CPU.
+            convs, films, c_in, n = [], [], 3 + 2, p.bit_length() - 1
+            for i in range(n):
+                c_out = d if i == n - 1 else cfg.conv_channels * 2**i
+                convs.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=cfg.bias))
+                if cfg.film and i < n - 1:
+                    films.append(nn.Linear(2 * d, 2 * c_out))
+                c_in = c_out
+            self.proj = nn.ModuleList(convs)
+            self.film = nn.ModuleList(films) if cfg.film else None
+        self.row = nn.Parameter(torch.zeros(g, d))
+        self.col = nn.Parameter(torch.zeros(g, d))
+        self.camera = nn.Parameter(torch.zeros(layout.spec.n_cameras, d))
+        if cfg.keypoints:
+            # Spatial-softmax keypoints (Levine et al. 2016; robomimic's default readout): a small conv
+            # net at half resolution gives M heat maps; each map's softmax-weighted pixel coordinates are
+            # where "its" thing is, to a fraction of a pixel. A 16-pixel patch token cannot say where in
+            # the patch a 5-pixel block sits; a keypoint token says it directly.
+            c, M = cfg.keypoint_channels, cfg.keypoints
+            self.kp_convs = nn.ModuleList(
+                [nn.Conv2d(3 + 2, c, 3, stride=2, padding=1), nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, M, 1)]
+            )
+            # With `film` the maps are conditioned on the instruction, so a keypoint can follow "the
+            # named block" rather than "the red thing": the transformer then reads it at a fixed slot.
+            # Besides scaling hidden channels, the instruction gives each map a query that is matched
+            # against every pixel's features (heat = conv(x) + <x, q>): "orange" becomes a direction in
+            # feature space, a bilinear link that supervised keypoints learn in a few hundred steps.
+            self.kp_film = nn.ModuleList([nn.Linear(2 * d, 2 * c) for _ in range(2)]) if cfg.film else None
+            self.kp_query = nn.Linear(2 * d, M * c) if cfg.film else None
+            self.kp_sharpness = nn.Parameter(torch.tensor(math.log(20.0)))  # log inverse softmax temperature
+            self.kp_proj = nn.Linear(3, d)  # (x, y, strength) -> d
+            self.kp_id = nn.Parameter(torch.zeros(M, d))  # which keypoint a token is
+            h = layout.keypoint_grid
+            axis = (torch.arange(h) + 0.5) / h * 2 - 1  # pixel centres; -1 / +1 are the image edges
+            ys, xs = torch.meshgrid(axis, axis, indexing="ij")
+            self.register_buffer("kp_coords", torch.stack([ys.flatten(), xs.flatten()], 1), persistent=False)
+        if cfg.patch_embed == "conv" or cfg.keypoints:  # coordinate channels of the conv inputs
+            axis = torch.linspace(-0.5, 0.5, size)
+            ys, xs = torch.meshgrid(axis, axis, indexing="ij")  # (H, W) each
+            self.register_buffer("coords", torch.stack([ys, xs]), persistent=False)  # (2, H, W)
+
+    def positions(self) -> torch.Tensor:
+        """(C * (g*g + M), d): 2-D patch position (row + column) or keypoint id, + camera embedding."""
+        pos = (self.row[:, None, :] + self.col[None, :, :]).flatten(0, 1)  # (g*g, d): index r*g + c
+        if self.cfg.keypoints:
+            pos = torch.cat([pos, self.kp_id], dim=0)  # (g*g + M, d)
+        return (self.camera[:, None, :] + pos).flatten(0, 1)  # (C*(g*g + M), d)
+
+    def keypoints(self, x: torch.Tensor, context: torch.Tensor | None):
+        """(N, 5, H, W) pixels + coordinates -> keypoint tokens (N, M, d), coordinates (N, M, 2) and
+        heat maps (N, M, h*w). context (B, 2d) conditions the maps when cfg.film (N = B * steps * cameras)."""
+        films = self.kp_film if self.kp_film is not None else [None] * (len(self.kp_convs) - 1)
+        for conv, film in zip(self.kp_convs[:-1], films, strict=True):
+            x = film_gelu(conv(x), film, context)  # (N, c, h, w)
+        heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
+        if self.kp_query is not None:
+            c, M = x.shape[1], heat.shape[1]
+            q = self.kp_query(context).view(-1, M, c).repeat_interleave(x.shape[0] // context.shape[0], 0)  # (N, M, c)
+            heat = heat + torch.einsum("nmc,ncp->nmp", q, x.flatten(2)) / math.sqrt(c)  # (N, M, h*w)
+        att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
+        where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
+        strength = (att * heat).sum(-1, keepdim=True)  # (N, M, 1): how strongly the map fired there
+        feats = torch.cat([where, strength], dim=-1)  # (N, M, 3)
+        if self.supervised_keypoints:  # they learn only from the auxiliary targets; the policy reads them
+            feats = feats.detach()  # as given features
+        return self.kp_proj(feats), where, att
+
+    def patches(self, x: torch.Tensor, pix: torch.Tensor | None, context: torch.Tensor | None) -> torch.Tensor:
+        """Patch features: x (B, T, C, H, W, 3) in [-0.5, 0.5], pix (B*T*C, 5, H, W) -> (B, T, C, g*g, d)."""
+        B, T, p = x.shape[0], x.shape[1], self.cfg.patch_size
+        if self.cfg.patch_embed == "linear":
+            x = rearrange(x, "b t c (h p1) (w p2) ch -> b t c (h w) (p1 p2 ch)", p1=p, p2=p)  # (B, T, C, g*g, p*p*3)
+            return self.proj(x)  # (B, T, C, g*g, d)
+        x = pix  # (B*T*C, 5, H, W)
+        films = self.film if self.film is not None else [None] * (len(self.proj) - 1)
+        for conv, film in zip(self.proj[:-1], films, strict=True):
+            x = film_gelu(conv(x), film, context)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
+        x = self.proj[-1](x)  # (B*T*C, d, g, g)
+        return rearrange(x, "(b t c) d h w -> b t c (h w) d", b=B, t=T)  # (B, T, C, g*g, d)
+
+    def forward(self, image: torch.Tensor, context: torch.Tensor | None = None) -> ImageTokens:
+        """(B, T, C, H, W, 3) uint8 -> image tokens; `context` (B, 2d) conditions a FiLM stem."""
+        B, T, C = image.shape[:3]
+        x = image.to(self.row.dtype) / 255.0 - 0.5  # (B, T, C, H, W, 3) in [-0.5, 0.5]
+        pix = None
+        if self.cfg.patch_embed == "conv" or self.cfg.keypoints:  # conv inputs: pixels + coordinates, once
+            pix = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
+            coords = self.coords.to(pix.dtype).expand(pix.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
+            pix = torch.cat([pix, coords], dim=1)  # (B*T*C, 5, H, W)
+        tokens = self.patches(x, pix, context)  # (B, T, C, g*g, d)
+        where = heat = None
+        if self.cfg.keypoints:
+            kp, where, heat = self.keypoints(pix, context)  # (B*T*C, M, d), (B*T*C, M, 2), (B*T*C, M, h*w)
+            kp = rearrange(kp, "(b t c) m d -> b t c m d", b=B, t=T)  # (B, T, C, M, d)
+            tokens = torch.cat([tokens, kp], dim=3)  # (B, T, C, g*g + M, d)
+            where = where.view(B, T, C, *where.shape[1:])  # (B, T, C, M, 2)
+            heat = heat.view(B, T, C, *heat.shape[1:])  # (B, T, C, M, h*w)
+        return ImageTokens(tokens.flatten(2, 3) + self.positions(), where, heat)  # (B, T, C*(g*g + M), d)

@@ -1,0 +1,116 @@
+"""The configuration of a training run: typed sections, each filled from YAML presets and overrides.
+
+The defaults are the configuration that works (what `make demo` trains); presets in configs/ hold only
+what differs (configs/demo.yaml: data size and steps; configs/ablations/: one experimental knob each).
+Sizes the data decides (image side, proprio/action dimensions, vocabulary) are not here: the trainer
+reads them from the dataset into a `DataSpec` saved with the checkpoint.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+from typing import Literal
+
+from vla.config import apply_overrides, from_dict, load_yaml
+from vla.model import ModelConfig
+from vla.policy_config import PolicyConfig
+
+
+@dataclass
+class DataConfig:
+    image_key: str = "image"  # obs/<key> holding the camera frames (robomimic: agentview_image)
+    proprio_keys: list[str] = field(default_factory=lambda: ["proprio"])  # obs keys concatenated
+    instruction: str = ""  # instruction for files whose demos carry none
+    train_split: str = "train"  # mask/<name> to train on
+    valid_split: str = "valid"  # mask/<name> for validation loss ("" = none)
+    preload: bool = True  # decode every frame into RAM once (small datasets); else read lazily
+    num_workers: int = 0  # DataLoader worker processes
+    augment_shift: int = 0  # random-shift augmentation, pixels (pad + random crop); 0 = off
+    action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
+    # Privileged targets, used when the file has them (a notice says when it does not): our collector
+    # records them; real robot data has none, and the policy then trains without these losses.
+    aux_key: str = "object"  # obs/<key>: object positions for an auxiliary localization loss ("" = off)
+    keypoint_key: str = "object_px"  # obs/<key>: image positions the first keypoints must find ("" = off)
+    action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
+
+    def __post_init__(self):
+        if self.keypoint_key and self.augment_shift:
+            raise ValueError(
+                f"keypoint_key={self.keypoint_key!r} needs augment_shift: 0 (a shifted frame moves the objects "
+                "away from their recorded image positions); set data.keypoint_key='' to shift"
+            )
+
+
+@dataclass
+class OptimConfig:
+    lr: float = 2e-3  # peak learning rate
+    min_lr_ratio: float = 0.1  # final learning rate as a fraction of lr (cosine decay)
+    warmup_steps: int = 200  # linear warmup, optimizer steps
+    weight_decay: float = 0.05  # AdamW decay, on weight matrices only
+    betas: list[float] = field(default_factory=lambda: [0.9, 0.95])
+    grad_clip: float = 1.0  # max global gradient norm (0 = off)
+    aux_weight: float = 0.5  # weight of the auxiliary loss (when the data has aux targets)
+    keypoint_weight: float = 1.0  # weight of the keypoint heat-map loss (when the data has keypoint targets)
+
+    def __post_init__(self):
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2:
+            raise ValueError(
+                f"bad optimizer settings: lr={self.lr}, min_lr_ratio={self.min_lr_ratio}, betas={self.betas}"
+            )
+
+
+@dataclass
+class LoopConfig:
+    steps: int = 4000  # optimizer steps in the whole run
+    batch_size: int = 32  # windows per optimizer step (per rank under DDP)
+    seed: int = 0  # seeds weights, data order, augmentation and dropout (each rank adds its rank)
+    device: str = "auto"  # auto (CUDA if present), cpu, cuda
+    amp: bool = True  # bf16 autocast on CUDA (ignored on CPU)
+    threads: int = 0  # torch intra-op threads (0 = torch's default)
+    log_every: int = 25  # steps between progress/metrics lines
+    checkpoint_every: int = 500  # steps between checkpoints (always at the end too)
+    skip_nonfinite: bool = False  # skip (and count) batches with a non-finite loss/grad instead of stopping
+    stop_at: int = 0  # stop after this step as if interrupted (checkpoint first); 0 = run to the end
+
+    def __post_init__(self):
+        if self.steps < 1 or self.batch_size < 1:
+            raise ValueError(
+                f"steps and batch_size must be positive, got steps={self.steps}, batch_size={self.batch_size}"
+            )
+        if self.log_every < 1 or self.checkpoint_every < 1 or self.stop_at < 0:
+            raise ValueError(
+                f"log_every={self.log_every} and checkpoint_every={self.checkpoint_every} must be >= 1, "
+                f"stop_at={self.stop_at} >= 0"
+            )
+
+
+@dataclass
+class EvalConfig:
+    every: int = 0  # steps between closed-loop evaluations (0 = only at the end if episodes > 0)
+    episodes: int = 0  # episodes per task per evaluation (0 = no closed-loop evaluation)
+    seed: int = 100_000  # first evaluation seed
+    videos: int = 1  # rollout videos per task per evaluation
+    valid_batches: int = 8  # batches of the valid split for the validation loss
+
+
+@dataclass
+class TrainConfig:
+    model: ModelConfig = field(default_factory=ModelConfig)
+    data: DataConfig = field(default_factory=DataConfig)
+    optim: OptimConfig = field(default_factory=OptimConfig)
+    train: LoopConfig = field(default_factory=LoopConfig)
+    eval: EvalConfig = field(default_factory=EvalConfig)
+    policy: PolicyConfig = field(default_factory=PolicyConfig)  # inference settings saved with the checkpoint
+
+    def __post_init__(self):
+        if self.data.keypoint_key and not self.model.keypoints:
+            raise ValueError(
+                f"data.keypoint_key={self.data.keypoint_key!r} needs model.keypoints > 0 (got 0); "
+                "set data.keypoint_key='' to train without keypoint targets"
+            )
+
+
+def load_config(path: str | None, overrides: list[str]) -> TrainConfig:
+    """A preset (or the defaults) with `key=value` overrides applied; unknown keys are errors."""
+    cfg = from_dict(TrainConfig, load_yaml(path)) if path else TrainConfig()
+    return apply_overrides(cfg, overrides)
