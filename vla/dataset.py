@@ -5,9 +5,10 @@ the start of an episode (padding steps are masked, exactly as the policy's cache
 full in an episode's first K steps). Every step of the window carries its targets: the actions
 t' .. t'+chunk-1 (the last action repeats past the end of the demo).
 
-The HDF5 file is opened lazily, once per DataLoader worker (h5py handles do not survive fork).
-With `preload=True` the frames are decoded once into memory instead; on a small CPU dataset that
-keeps the two cores for training rather than for gzip.
+Demos come from an episode source (`vla.sources`: our HDF5, robomimic, LIBERO or a LeRobot directory),
+opened lazily, once per DataLoader worker (h5py handles do not survive fork). With `preload=True` the
+frames are decoded once into memory instead; on a small CPU dataset that keeps the two cores for
+training rather than for gzip or video decoding.
 """
 
 from __future__ import annotations
@@ -19,7 +20,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vla.hdf5_format import DatasetError, ObsKeys, demo_meta, demo_names, open_dataset, read_demo
+from vla.hdf5_format import DatasetError, ObsKeys
+from vla.sources import EpisodeSource, open_source
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 
 
@@ -47,20 +49,25 @@ class Tokenizers:
         )
 
 
+def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> EpisodeSource:
+    return path if isinstance(path, EpisodeSource) else open_source(path, keys or ObsKeys())
+
+
 def fit_tokenizers(
-    path: str | os.PathLike, split: str, keys: ObsKeys, action_bins: int, action_mode: str
+    path: str | os.PathLike | EpisodeSource, split: str, keys: ObsKeys | None, action_bins: int, action_mode: str
 ) -> Tokenizers:
     """Fit the text vocabulary, action bins and proprio statistics on one split (no images read)."""
     instructions, actions, proprio = [], [], []
-    with open_dataset(path) as f:
-        names = demo_names(f, split)
-        if not names:
-            raise DatasetError(f"{path}: mask/{split} is empty; nothing to train on")
-        for name in names:
-            demo = read_demo(f, name, keys, images=False)
-            instructions.append(demo.instruction)
-            actions.append(demo.actions)
-            proprio.append(demo.proprio)
+    src = _source(path, keys)
+    path = src.path
+    names = src.names(split)
+    if not names:
+        raise DatasetError(f"{path}: split '{split}' is empty; nothing to train on")
+    for name in names:
+        demo = src.read(name, images=False)
+        instructions.append(demo.instruction)
+        actions.append(demo.actions)
+        proprio.append(demo.proprio)
     acts = np.concatenate(actions)
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
@@ -83,7 +90,7 @@ class WindowDataset(Dataset):
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | EpisodeSource,
         split: str,
         tokenizers: Tokenizers,
         window: int,
@@ -94,28 +101,26 @@ class WindowDataset(Dataset):
         aux_key: str = "",
         keypoint_key: str = "",
     ):
-        keys = keys or ObsKeys()
-        self.path, self.split, self.keys = str(path), split, keys
+        self.source = _source(path, keys)
+        self.path, self.split, self.keys = str(self.source.path), split, self.source.keys
         self.tok, self.window, self.chunk, self.instruction_len = tokenizers, window, chunk, instruction_len
-        self._file = None
-        self._pid = None
-        with open_dataset(path) as f:
-            self.names = demo_names(f, split)
-            metas = [demo_meta(f, n, keys) for n in self.names]
-            # Actions, proprio and instructions are small: tokenize them all once, up front.
-            self.actions, self.proprio, self.instructions, self.aux, self.keypoint_targets = [], [], [], [], []
-            for name in self.names:
-                demo = read_demo(f, name, keys, images=False)
-                if aux_key:
-                    self.aux.append(self._aux_targets(f, name, aux_key, demo.proprio))
-                if keypoint_key:
-                    self.keypoint_targets.append(self._keypoint_targets(f, name, keypoint_key))
-                self.actions.append(self._action_targets(demo.actions))
-                self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
-                self.instructions.append(
-                    np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
-                )
-            self.images = [read_demo(f, n, keys).image for n in self.names] if preload else None
+        src = self.source
+        self.names = src.names(split)
+        metas = [src.meta(n) for n in self.names]
+        # Actions, proprio and instructions are small: tokenize them all once, up front.
+        self.actions, self.proprio, self.instructions, self.aux, self.keypoint_targets = [], [], [], [], []
+        for name in self.names:
+            demo = src.read(name, images=False)
+            if aux_key:
+                self.aux.append(self._aux_targets(src, name, aux_key, demo.proprio))
+            if keypoint_key:
+                self.keypoint_targets.append(self._keypoint_targets(src, name, keypoint_key))
+            self.actions.append(self._action_targets(demo.actions))
+            self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
+            self.instructions.append(
+                np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
+            )
+        self.images = [src.frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
         # (demo index, last step of the window) for every step of every demo.
@@ -124,32 +129,32 @@ class WindowDataset(Dataset):
             raise DatasetError(f"{path}: split '{split}' has no steps")
 
     @staticmethod
-    def _aux_targets(f, name: str, key: str, proprio: np.ndarray) -> np.ndarray:
+    def _aux_targets(src: EpisodeSource, name: str, key: str, proprio: np.ndarray) -> np.ndarray:
         """(T, 3n) float32: obs/<key> positions (n xyz triples: for us the named block and its goal)
         relative to the end effector (the first three proprio values), in units of 10 cm.
 
         Relative, not absolute: in demonstrations the gripper spends most frames next to the named
         block, so an absolute target can be half-explained by finding the gripper (a shortcut the
         keypoints fall into); relative to the gripper, only the object itself explains it."""
-        obs = f["data"][name]["obs"]
-        if key not in obs:
-            raise DatasetError(f"{f.filename}: {name}/obs has no '{key}' for the auxiliary loss (set data.aux_key='')")
-        pos = np.asarray(obs[key][()], dtype=np.float32)  # (T, 3n)
+        pos = src.obs(name, key)
+        if pos is None:
+            raise DatasetError(f"{src.path}: {name}/obs has no '{key}' for the auxiliary loss (set data.aux_key='')")
+        pos = np.asarray(pos, dtype=np.float32)  # (T, 3n)
         rel = pos.reshape(len(pos), -1, 3) - proprio[:, None, :3]  # (T, n, 3)
         return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
 
     @staticmethod
-    def _keypoint_targets(f, name: str, key: str) -> np.ndarray:
+    def _keypoint_targets(src: EpisodeSource, name: str, key: str) -> np.ndarray:
         """(T, n, 2) float32: obs/<key>, where n points (the named block, its goal) appear in the image
         as (row, column) in -1..1: targets for the first n keypoints' heat maps."""
-        obs = f["data"][name]["obs"]
-        if key not in obs:
+        px = src.obs(name, key)
+        if px is None:
             raise DatasetError(
-                f"{f.filename}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')"
+                f"{src.path}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')"
             )
-        px = np.asarray(obs[key][()], dtype=np.float32)  # (T, 2n)
+        px = np.asarray(px, dtype=np.float32)  # (T, 2n)
         if px.ndim != 2 or px.shape[1] % 2 or not np.isfinite(px).all():
-            raise DatasetError(f"{f.filename}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
+            raise DatasetError(f"{src.path}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
         return px.reshape(len(px), -1, 2)
 
     def _action_targets(self, actions: np.ndarray) -> np.ndarray:
@@ -165,9 +170,7 @@ class WindowDataset(Dataset):
     def _frames(self, d: int, start: int, stop: int) -> np.ndarray:
         if self.images is not None:
             return self.images[d][start:stop]
-        if self._file is None or self._pid != os.getpid():  # first use in this worker process
-            self._file, self._pid = open_dataset(self.path), os.getpid()
-        return self._file["data"][self.names[d]]["obs"][self.keys.image][start:stop]
+        return self.source.frames(self.names[d], start, stop)  # reopens its file once per worker
 
     def __getitem__(self, i: int) -> dict:
         d, t = (int(v) for v in self.index[i])
@@ -191,11 +194,6 @@ class WindowDataset(Dataset):
         if self.keypoint_targets:
             item["keypoint_targets"] = _left_pad(self.keypoint_targets[d][start : t + 1], K)  # (K, n, 2)
         return item
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_file"] = None  # never ship an open h5py handle to a worker
-        return state
 
 
 class EpochSampler(torch.utils.data.Sampler):

@@ -29,7 +29,7 @@ from vla import cli
 from vla.checkpoint import load_meta, load_train_state, load_weights, save_json, save_model, save_train_state
 from vla.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from vla.dataset import EpochSampler, Tokenizers, WindowDataset, fit_tokenizers
-from vla.hdf5_format import ObsKeys, open_dataset, read_env_args
+from vla.sources import open_source
 from vla.model import ActionTransformer, ModelConfig
 from vla.policy import Policy, pick_device
 
@@ -38,11 +38,14 @@ from vla.policy import Policy, pick_device
 
 @dataclass
 class DataConfig:
-    image_key: str = "image"  # obs/<key> holding the camera frames (robomimic: agentview_image)
-    proprio_keys: list[str] = field(default_factory=lambda: ["proprio"])  # obs keys concatenated
-    instruction: str = ""  # instruction for files whose demos carry none
-    train_split: str = "train"  # mask/<name> to train on
-    valid_split: str = "valid"  # mask/<name> for validation loss ("" = none)
+    layout: str = "auto"  # dataset layout: auto (detected), ours, robomimic, libero, lerobot (see vla.sources)
+    image_key: str = ""  # camera: obs/<key> (robomimic: agentview_image) or a LeRobot camera; "" = layout default
+    proprio_keys: list[str] = field(default_factory=list)  # obs keys concatenated into proprio; [] = layout default
+    instruction: str = ""  # instruction for files whose demos carry none (LIBERO's problem_info is read first)
+    image_size: int = 0  # resize frames to image_size x image_size (antialiased) before the model; 0 = as stored
+    train_split: str | None = "train"  # mask/<name> to train on ("" = every demo)
+    valid_split: str | None = "valid"  # mask/<name> for validation loss ("" = none)
+    valid_fraction: float = 0.1  # share of demos in train/valid splits made by hash when the data has no masks
     preload: bool = True  # decode every frame into RAM once (small datasets); else read lazily
     num_workers: int = 0  # DataLoader worker processes
     augment_shift: int = 4  # random-shift augmentation, pixels (pad + random crop); 0 = off
@@ -52,6 +55,11 @@ class DataConfig:
     keypoint_key: str = ""  # obs/<key> of image positions the first keypoints must find ("" = none)
 
     def __post_init__(self):
+        self.train_split, self.valid_split = self.train_split or "", self.valid_split or ""  # `split=` parses as None
+        if self.image_size < 0 or not 0 <= self.valid_fraction < 1:
+            raise ValueError(
+                f"data.image_size={self.image_size} must be >= 0 and data.valid_fraction={self.valid_fraction} in [0, 1)"
+            )
         if self.keypoint_key and self.augment_shift:
             raise ValueError(
                 f"keypoint_key={self.keypoint_key!r} needs augment_shift: 0 (a shifted frame moves the objects "
@@ -238,12 +246,12 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
     if cfg.train.threads:
         torch.set_num_threads(cfg.train.threads)
     seed_everything(cfg.train.seed)
-    keys = ObsKeys(
-        image=cfg.data.image_key,
-        proprio=tuple(cfg.data.proprio_keys),
-        instruction=cfg.data.instruction or None,
-        actions=cfg.data.action_key,
-    )
+    source = open_source(  # any layout (ours, robomimic, LIBERO, LeRobot), one key mapping, frames resized
+        data_path, layout=cfg.data.layout, image=cfg.data.image_key, proprio=cfg.data.proprio_keys,
+        instruction=cfg.data.instruction, actions=cfg.data.action_key, image_size=cfg.data.image_size,
+        valid_fraction=cfg.data.valid_fraction,
+    )  # fmt: skip
+    keys = source.keys
 
     # ---- tokenizers: fitted once on the training split, or read back on resume
     state = None
@@ -252,15 +260,20 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         tokenizers = Tokenizers.from_dict(meta["tokenizers"])
         state = load_train_state(out)
     else:
-        tokenizers = fit_tokenizers(data_path, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode)
-    with open_dataset(data_path) as f:
-        env_args = read_env_args(f)
+        tokenizers = fit_tokenizers(source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode)
+    env_args = source.env_args()
     train_set = WindowDataset(
-        data_path, cfg.data.train_split, tokenizers, cfg.model.window, cfg.model.chunk,
+        source, cfg.data.train_split, tokenizers, cfg.model.window, cfg.model.chunk,
         cfg.model.instruction_len, keys, preload=cfg.data.preload, aux_key=cfg.data.aux_key,
         keypoint_key=cfg.data.keypoint_key,
     )  # fmt: skip
     sample = train_set[0]
+    side = sample["image"].shape[-2]
+    if side % cfg.model.patch_size:
+        raise ConfigError(
+            f"{data_path}: frames are {side}x{side}, not a multiple of model.patch_size={cfg.model.patch_size}; "
+            f"resize them with data.image_size={max(1, round(side / cfg.model.patch_size)) * cfg.model.patch_size}"
+        )
     # Fields the data decides: taken from it, so a preset works for any dataset.
     cfg.model = dataclasses.replace(
         cfg.model,
@@ -283,7 +296,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
     if cfg.data.valid_split and cfg.eval.valid_batches > 0:
         try:
             valid_set = WindowDataset(
-                data_path, cfg.data.valid_split, tokenizers, cfg.model.window, cfg.model.chunk,
+                source, cfg.data.valid_split, tokenizers, cfg.model.window, cfg.model.chunk,
                 cfg.model.instruction_len, keys, preload=cfg.data.preload, aux_key=cfg.data.aux_key,
                 keypoint_key=cfg.data.keypoint_key,
             )  # fmt: skip
@@ -533,7 +546,9 @@ def main(argv: list[str] | None = None) -> int:
         epilog="Overrides: dotted keys, e.g. train.steps=200 model.n_layer=2 (unknown keys are errors).",
     )
     parser.add_argument("--config", help="YAML preset, e.g. configs/demo.yaml (default: built-in defaults)")
-    parser.add_argument("--data", required=True, help="HDF5 dataset (vla-collect --out)")
+    parser.add_argument(
+        "--data", required=True, help="dataset: HDF5 (ours, robomimic, LIBERO) or a LeRobot v3 directory"
+    )
     parser.add_argument("--out", required=True, help="run/checkpoint directory")
     parser.add_argument("--resume", action="store_true", help="continue from OUT's last checkpoint")
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
