@@ -149,9 +149,7 @@ class WindowDataset(Dataset):
         as (row, column) in -1..1: targets for the first n keypoints' heat maps."""
         px = src.obs(name, key)
         if px is None:
-            raise DatasetError(
-                f"{src.path}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')"
-            )
+            raise DatasetError(f"{src.path}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')")
         px = np.asarray(px, dtype=np.float32)  # (T, 2n)
         if px.ndim != 2 or px.shape[1] % 2 or not np.isfinite(px).all():
             raise DatasetError(f"{src.path}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")

@@ -110,6 +110,7 @@ class VideoWriter:
         import av
 
         encoder, self.pix_fmt, options = CODECS[codec]
+        os.environ.setdefault("SVT_LOG", "1")  # SVT-AV1 prints a banner per file otherwise; keep errors only
         if self.pix_fmt == "yuv420p" and (height % 2 or width % 2):
             raise DatasetError(f"{path}: {codec} needs even frame sizes, got {height}x{width} (try --codec lossless)")
         path.parent.mkdir(parents=True, exist_ok=True)
@@ -199,10 +200,7 @@ class _RunningStats:
 
     def add(self, x: np.ndarray) -> None:
         x = np.asarray(x, dtype=np.float64)
-        if self.image:  # (T, H, W, 3) -> per channel, in [0, 1]
-            x = x.reshape(-1, 3) / 255.0
-        else:
-            x = x.reshape(len(x), -1)
+        x = x.reshape(-1, 3) / 255.0 if self.image else x.reshape(len(x), -1)  # images: per channel, in [0, 1]
         self.n += len(x)
         self.total = self.total + x.sum(0)
         self.total_sq = self.total_sq + (x * x).sum(0)
@@ -465,10 +463,20 @@ def write_tasks(path: Path, tasks: list[str]) -> None:
             {"name": None, "field_name": None, "pandas_type": "unicode", "numpy_type": "object", "metadata": None}
         ],
         "columns": [
-            {"name": "task_index", "field_name": "task_index", "pandas_type": "int64", "numpy_type": "int64",
-             "metadata": None},
-            {"name": None, "field_name": "__index_level_0__", "pandas_type": "unicode", "numpy_type": "object",
-             "metadata": None},
+            {
+                "name": "task_index",
+                "field_name": "task_index",
+                "pandas_type": "int64",
+                "numpy_type": "int64",
+                "metadata": None,
+            },
+            {
+                "name": None,
+                "field_name": "__index_level_0__",
+                "pandas_type": "unicode",
+                "numpy_type": "object",
+                "metadata": None,
+            },
         ],  # fmt: skip
         "creator": {"library": "pyarrow", "version": pa.__version__},
         "pandas_version": "2.2.3",
@@ -550,7 +558,8 @@ class LeRobotDir:
             self._table(ep)  # read (and check) every data file now: errors at open, not mid-training
         if int(self.info.get("total_episodes", len(self.episodes))) != len(self.episodes):
             raise DatasetError(
-                f"{info_path}: total_episodes = {self.info['total_episodes']} but meta/episodes has {len(self.episodes)}"
+                f"{info_path}: total_episodes = {self.info['total_episodes']} "
+                f"but meta/episodes has {len(self.episodes)}"
             )
 
     def _read_tasks(self) -> list[str]:
@@ -606,7 +615,8 @@ class LeRobotDir:
     def frames(self, ep: dict, key: str) -> np.ndarray:
         """(T, H, W, 3) uint8: episode `ep`'s frames of video feature `key`."""
         if key not in self.video_keys:
-            raise DatasetError(f"{self.root}: no video feature '{key}' (videos: {', '.join(self.video_keys) or 'none'})")
+            have = ", ".join(self.video_keys) or "none"
+            raise DatasetError(f"{self.root}: no video feature '{key}' (videos: {have})")
         ci, fi = int(ep[f"videos/{key}/chunk_index"]), int(ep[f"videos/{key}/file_index"])
         path = self.root / self.info["video_path"].format(video_key=key, chunk_index=ci, file_index=fi)
         if not path.is_file():

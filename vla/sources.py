@@ -193,9 +193,18 @@ class HDF5Source(EpisodeSource):
             raise DatasetError(f"{self.path}: {name}/obs has no '{self.keys.image}' (has: {', '.join(sorted(obs))})")
         return resize_frames(obs[self.keys.image][start:stop], self.image_size)
 
+    def frames_of(self, name: str, camera: str) -> np.ndarray:
+        """(T, H, W, 3) uint8 of any camera obs/<camera> (resized)."""
+        return resize_frames(np.asarray(self._f()["data"][name]["obs"][camera][()]), self.image_size)
+
     def obs(self, name: str, key: str) -> np.ndarray | None:
         obs = self._f()["data"][name]["obs"]
         return np.asarray(obs[key][()]) if key in obs else None
+
+    def obs_keys(self, name: str) -> dict[str, tuple[str, tuple[int, ...]]]:
+        """Every obs/<key> of a demo: key -> (dtype, shape per step)."""
+        obs = self._f()["data"][name]["obs"]
+        return {k: (str(v.dtype), tuple(v.shape[1:])) for k, v in obs.items() if isinstance(v, h5py.Dataset)}
 
     def env_args(self) -> dict:
         return read_env_args(self._f())
@@ -298,6 +307,9 @@ class LeRobotSource(EpisodeSource):
         if self._cache is None or self._cache[0] != name:  # decode the episode once, slice it many times
             self._cache = (name, resize_frames(self.dir.frames(self._ep(name), self.keys.image), self.image_size))
         return self._cache[1][start:stop]
+
+    def frames_of(self, name: str, camera: str) -> np.ndarray:
+        return resize_frames(self.dir.frames(self._ep(name), self._feature(camera, video=True)), self.image_size)
 
     def obs(self, name: str, key: str) -> np.ndarray | None:
         for cand in (f"observation.{key}", key):

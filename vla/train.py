@@ -29,9 +29,9 @@ from vla import cli
 from vla.checkpoint import load_meta, load_train_state, load_weights, save_json, save_model, save_train_state
 from vla.config import ConfigError, apply_overrides, from_dict, load_yaml, to_dict
 from vla.dataset import EpochSampler, Tokenizers, WindowDataset, fit_tokenizers
-from vla.sources import open_source
 from vla.model import ActionTransformer, ModelConfig
 from vla.policy import Policy, pick_device
+from vla.sources import open_source
 
 # ----------------------------------------------------------------------------------------- config
 
@@ -58,7 +58,7 @@ class DataConfig:
         self.train_split, self.valid_split = self.train_split or "", self.valid_split or ""  # `split=` parses as None
         if self.image_size < 0 or not 0 <= self.valid_fraction < 1:
             raise ValueError(
-                f"data.image_size={self.image_size} must be >= 0 and data.valid_fraction={self.valid_fraction} in [0, 1)"
+                f"data.image_size={self.image_size} must be >= 0, data.valid_fraction={self.valid_fraction} in [0, 1)"
             )
         if self.keypoint_key and self.augment_shift:
             raise ValueError(
