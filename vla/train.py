@@ -284,6 +284,9 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
     )
     tasks = sorted(set(train_set.tasks))
+    if cfg.eval.episodes > 0 and not set(tasks) <= set(_registered_tasks()):  # robomimic, LIBERO, LeRobot data
+        print(f"vla-train: no closed-loop eval: tasks {tasks[:3]} are not registered envs", file=sys.stderr)
+        cfg.eval = dataclasses.replace(cfg.eval, episodes=0)
 
     # ---- data order: a deterministic, rank-sharded, resumable stream of windows
     start_step = int(state["step"]) if state else 0
@@ -512,6 +515,13 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: bool) -> dict:
         metrics_file.close()
     ddp.close()
     return summary
+
+
+def _registered_tasks() -> list[str]:
+    """The gymnasium ids `vla-eval` can run (closed-loop eval needs the dataset's tasks among them)."""
+    import envs
+
+    return list(envs.TASKS)
 
 
 class _nullcontext:
