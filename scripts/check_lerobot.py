@@ -127,7 +127,8 @@ def check_import(py: str, work: Path, steps: int) -> dict:
     shutil.rmtree(root, ignore_errors=True)
     size, fps = 64, 10
     features = {
-        "observation.images.front": {"dtype": "video", "shape": (size, size, 3), "names": ["height", "width", "channels"]},
+        "observation.images.front": {"dtype": "video", "shape": (size, size, 3),
+                                     "names": ["height", "width", "channels"]},
         "observation.state": {"dtype": "float32", "shape": (6,), "names": [f"joint_{i}" for i in range(6)]},
         "action": {"dtype": "float32", "shape": (4,), "names": [f"a{i}" for i in range(4)]},
     }  # fmt: skip
@@ -156,7 +157,8 @@ def check_import(py: str, work: Path, steps: int) -> dict:
     h5.unlink(missing_ok=True)
     r = vla(py, "vla.data_cli", "convert", str(root), str(h5), "--json", "--quiet")
     conv = json.loads(r.stdout)
-    check(conv["episodes"] == 6, f"vla-data convert -> HDF5: {conv['frames']} frames, {conv['frames_per_s']:.0f} frames/s")
+    speed = f"{conv['frames']} frames, {conv['frames_per_s']:.0f} frames/s"
+    check(conv["episodes"] == 6, f"vla-data convert -> HDF5: {speed}")
     back = dump(py, h5, work / "back.npz")
     check(all(np.array_equal(back[i]["action"], o["action"]) for i, o in enumerate(originals)), "actions exact")
     check(all(np.array_equal(back[i]["state"], o["state"]) for i, o in enumerate(originals)), "states exact")

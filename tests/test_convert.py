@@ -164,3 +164,26 @@ def test_train_rejects_features_that_do_not_match(lossless, tmp_path):
     assert "no camera 'wrist' (videos: observation.images.image)" in r.stderr.strip().splitlines()[-1]
     r = _train(lossless, tmp_path / "y", "data.proprio_keys=[joint_pos]")
     assert r.returncode == 2 and "no feature 'joint_pos'" in r.stderr.strip().splitlines()[-1]
+
+
+def test_expert_actions_travel_both_ways(tiny_dataset, tmp_path):
+    """DART labels (vla-collect --noise) become an `expert_actions` feature and come back exactly."""
+    import h5py
+
+    src = tmp_path / "noisy.hdf5"
+    shutil.copy(tiny_dataset, src)
+    with h5py.File(src, "a") as f:
+        for name in f["data"]:
+            g = f["data"][name]
+            g.create_dataset("expert_actions", data=np.clip(g["actions"][()] * 0.5, -1, 1).astype(np.float32))
+    assert validate(src) == []
+    convert(src, tmp_path / "lr", codec="lossless", quiet=True)
+    convert(tmp_path / "lr", tmp_path / "back.hdf5", quiet=True)
+    with h5py.File(src) as a, h5py.File(tmp_path / "back.hdf5") as b:
+        for name in a["data"]:
+            np.testing.assert_array_equal(a["data"][name]["expert_actions"][()], b["data"][name]["expert_actions"][()])
+    with open_source(tmp_path / "lr", actions="expert_actions") as lr:
+        assert lr.keys.actions == "expert_actions"
+        np.testing.assert_array_equal(
+            lr.read("demo_0").actions, open_source(src, actions="expert_actions").read("demo_0").actions
+        )

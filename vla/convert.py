@@ -76,6 +76,9 @@ def to_lerobot(src: EpisodeSource, dst: Path, codec: str = "", force: bool = Fal
             ex["next.reward"] = np.asarray(demo.rewards if demo.rewards is not None else np.zeros(T), np.float32)
             dones = demo.dones if demo.dones is not None else (np.arange(T) == T - 1)
             ex["next.done"] = np.asarray(dones).astype(bool)
+            expert = src.demo_array(name, "expert_actions") if isinstance(src, HDF5Source) else None
+            if expert is not None:  # DART labels (vla-collect --noise): data.action_key=expert_actions
+                ex["expert_actions"] = np.asarray(expert, np.float32)
             meta: dict[str, Any] = {"name": name, "task": demo.task, "split": splits.get(name, "")}
             meta["seed"] = -1 if demo.seed is None else int(demo.seed)
             if demo.success is not None:
@@ -112,7 +115,12 @@ def to_hdf5(src: EpisodeSource, dst: Path, force: bool = False, quiet: bool = Fa
             if k != src.keys.image:
                 other_cams.append((k, k[len(IMAGES) :]))
         for k, f in feats.items():
-            if k.startswith("observation.") and f["dtype"] != "video" and k != STATE and k not in src.keys.proprio:
+            if (
+                k.startswith("observation.")
+                and f["dtype"] not in ("video", "image")
+                and k != STATE
+                and k not in src.keys.proprio
+            ):
                 extra.append((k, k[len("observation.") :]))
     elif isinstance(src, HDF5Source):
         for k, (dt, shape) in src.obs_keys(names[0]).items():
@@ -137,9 +145,13 @@ def to_hdf5(src: EpisodeSource, dst: Path, force: bool = False, quiet: bool = Fa
             rewards = demo.rewards if demo.rewards is not None else np.zeros(T, np.float32)
             dones = demo.dones if demo.dones is not None else (np.arange(T) == T - 1)
             states = demo.states if demo.states is not None else np.zeros((T, 0))
+            expert = None
+            if isinstance(src, LeRobotSource) and "expert_actions" in src.dir.features:
+                expert = src.dir.column(src.dir_episode(name), "expert_actions").astype(np.float32).reshape(T, -1)
             yield Episode(task=demo.task, seed=int(seed), instruction=demo.instruction, actions=demo.actions,
                           rewards=rewards, dones=np.asarray(dones, np.uint8), states=states, obs=obs,
-                          success=True if demo.success is None else bool(demo.success))  # fmt: skip
+                          success=True if demo.success is None else bool(demo.success),
+                          expert_actions=expert)  # fmt: skip
             bar.update(T)
 
     # `masks` fills in while write_dataset consumes the generator; it reads them after the last demo

@@ -193,6 +193,11 @@ class HDF5Source(EpisodeSource):
             raise DatasetError(f"{self.path}: {name}/obs has no '{self.keys.image}' (has: {', '.join(sorted(obs))})")
         return resize_frames(obs[self.keys.image][start:stop], self.image_size)
 
+    def demo_array(self, name: str, key: str) -> np.ndarray | None:
+        """<demo>/<key> (e.g. expert_actions), or None."""
+        g = self._f()["data"][name]
+        return np.asarray(g[key][()]) if key in g and isinstance(g[key], h5py.Dataset) else None
+
     def frames_of(self, name: str, camera: str) -> np.ndarray:
         """(T, H, W, 3) uint8 of any camera obs/<camera> (resized)."""
         return resize_frames(np.asarray(self._f()["data"][name]["obs"][camera][()]), self.image_size)
@@ -250,6 +255,10 @@ class LeRobotSource(EpisodeSource):
             if cand in feats:
                 return cand
         raise DatasetError(f"{self.path}: no feature '{key}' (features: {', '.join(feats)})")
+
+    def dir_episode(self, name: str) -> dict:
+        """The meta/episodes row of episode `name`."""
+        return self._ep(name)
 
     def _ep(self, name: str) -> dict:
         if name not in self._by_name:
