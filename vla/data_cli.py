@@ -385,7 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     if args.cmd == "info":
-        s = summarize(args.file) if _layout(args) == "ours" else summarize_source(args.file, **source_options(args))
+        mapped = args.image_key or args.proprio_keys or args.instruction
+        if _layout(args) == "ours" and not mapped:
+            s = summarize(args.file)
+        else:
+            s = summarize_source(args.file, **source_options(args))
         if args.json:
             print(json.dumps(s, indent=2))
         else:

@@ -302,6 +302,9 @@ def validate(path: str | os.PathLike, **source_options: Any) -> list[str]:
                 layout = "ours"  # let the full check below phrase the problem
         if layout != "ours":
             return _check_source(Path(path), **{**source_options, "layout": layout})
-        return _Checker(Path(path)).run()
+        problems = _Checker(Path(path)).run()
+        if not problems and any(source_options.get(k) for k in ("image", "proprio", "actions")):
+            problems = _check_source(Path(path), **source_options)  # and the keys the caller maps
+        return problems
     except Exception as e:  # last resort: validate never raises
         return [f"{path}: cannot check ({type(e).__name__}: {_short(e)})"]
