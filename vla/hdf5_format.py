@@ -394,7 +394,8 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
         raise DatasetError(f"{f.filename}: {name} has no '{keys.actions}' (collect with --noise for expert_actions)")
     for k in (*keys.proprio, *((keys.image,) if images else ())):
         if k not in obs:
-            raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {', '.join(sorted(obs))}); map keys with data.image_key, data.proprio_keys")
+            have = ", ".join(sorted(obs))
+            raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {have}); map keys: data.image_key/proprio_keys")
     proprio = np.concatenate(
         [np.asarray(obs[k][()], dtype=np.float32).reshape(len(g["actions"]), -1) for k in keys.proprio],
         axis=1,
