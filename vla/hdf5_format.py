@@ -395,7 +395,7 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
     for k in (*keys.proprio, *((keys.image,) if images else ())):
         if k not in obs:
             have = ", ".join(sorted(obs))
-            raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {have}); map keys: data.image_key/proprio_keys")
+            raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {have}); map keys: data.image_key, ...")
     proprio = np.concatenate(
         [np.asarray(obs[k][()], dtype=np.float32).reshape(len(g["actions"]), -1) for k in keys.proprio],
         axis=1,
