@@ -50,7 +50,7 @@ class Tokenizers:
 
 
 def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> EpisodeSource:
-    return path if isinstance(path, EpisodeSource) else open_source(path, keys or ObsKeys())
+    return path if isinstance(path, EpisodeSource) else open_source(path, keys)  # keys None: the layout's
 
 
 def fit_tokenizers(
