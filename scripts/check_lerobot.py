@@ -152,7 +152,7 @@ def check_import(py: str, work: Path, steps: int) -> dict:
     ds.finalize()
     print(f"\n(b) LeRobot's writer made {root}: {ds.num_episodes} episodes, {ds.num_frames} frames")
     r = vla(py, "vla.data_cli", "validate", str(root))
-    check("valid (lerobot layout" in r.stdout, f"vla-data validate: {r.stdout.strip()}")
+    check("steps, lerobot layout)" in r.stdout, f"vla-data validate: {r.stdout.strip()}")
     h5 = work / "lerobot_written.hdf5"
     h5.unlink(missing_ok=True)
     r = vla(py, "vla.data_cli", "convert", str(root), str(h5), "--json", "--quiet")

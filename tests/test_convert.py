@@ -78,7 +78,7 @@ def test_cli_convert_reports_speed_and_refuses_to_overwrite(tiny_dataset, lossle
     r = run_cli("vla.data_cli", "convert", tiny_dataset, dst, "--quiet")
     assert r.returncode == 2 and "already exists; pass --force" in r.stderr
     r = run_cli("vla.data_cli", "validate", dst)
-    assert r.returncode == 0 and "valid (lerobot layout" in r.stdout
+    assert r.returncode == 0 and "steps, lerobot layout)" in r.stdout
 
 
 @pytest.mark.parametrize(
@@ -187,3 +187,13 @@ def test_expert_actions_travel_both_ways(tiny_dataset, tmp_path):
         np.testing.assert_array_equal(
             lr.read("demo_0").actions, open_source(src, actions="expert_actions").read("demo_0").actions
         )
+
+
+def test_convert_help(capsys):
+    from vla.data_cli import main
+
+    with pytest.raises(SystemExit) as e:
+        main(["convert", "--help"])
+    assert e.value.code == 0
+    out = capsys.readouterr().out
+    assert "usage: vla-data convert" in out and "--codec" in out and "--image-key" in out

@@ -70,7 +70,7 @@ def test_foreign_files_validate(robomimic, libero):
 def test_validate_and_info_cli_take_the_key_mapping(robomimic, libero):
     r = run_cli("vla.data_cli", "validate", robomimic)
     assert r.returncode == 0, r.stdout + r.stderr
-    assert "valid (robomimic layout, 4 demos, 48 steps)" in r.stdout
+    assert "valid (4 demos, 48 steps, robomimic layout)" in r.stdout
     r = run_cli("vla.data_cli", "validate", robomimic, "--proprio-keys", "robot0_eef_pos,nope")
     assert r.returncode == 1 and "has no 'nope'" in r.stdout
     r = run_cli("vla.data_cli", "info", libero, "--json")

@@ -409,7 +409,7 @@ def _run(args: argparse.Namespace) -> int:
         with open_source(args.file, **source_options(args)) as src:
             names = src.names("")
             steps = sum(src.meta(n)["num_samples"] for n in names)
-            print(f"{args.file}: valid ({src.layout} layout, {len(names)} demos, {steps} steps)")
+            print(f"{args.file}: valid ({len(names)} demos, {steps} steps, {src.layout} layout)")
         return 0
     if args.cmd == "convert":
         from vla.convert import convert
