@@ -1,7 +1,8 @@
 """`vla-data`: inspect, check, combine and replay demonstration datasets.
 
-vla-data info FILE [--json]                       demos/steps per task, instructions, action stats
-vla-data validate FILE                            exit 0 only for a valid file
+vla-data info FILE|DIR [--json]                   demos/steps per task, instructions, action stats
+vla-data validate FILE|DIR                        exit 0 only for a valid file
+vla-data convert SRC DST                          HDF5 (ours, robomimic, LIBERO) <-> LeRobot v3.0 directory
 vla-data merge OUT IN1 IN2 ...                    combine datasets (same env_args, disjoint seeds)
 vla-data replay FILE --demo NAME [--video out.mp4]  re-simulate a demo and report the drift
 """
@@ -96,8 +97,61 @@ def summarize(path: str | os.PathLike) -> dict[str, Any]:
         }
 
 
+def summarize_source(path: str | os.PathLike, **source_options: Any) -> dict[str, Any]:
+    """`summarize` for any layout (robomimic, LIBERO, LeRobot), through the same key mapping as training."""
+    from vla.sources import open_source
+
+    with open_source(path, **source_options) as src:
+        names = src.names("")
+        tasks: dict[str, dict[str, Any]] = defaultdict(lambda: {"demos": 0, "steps": 0, "successes": 0})
+        instructions: dict[str, Counter] = defaultdict(Counter)
+        actions, shapes = [], {}
+        for name in names:
+            m = src.meta(name)
+            t = tasks[m["task"]]
+            t["demos"] += 1
+            t["steps"] += m["num_samples"]
+            t["successes"] += bool(m["success"])
+            instructions[m["task"]][m["instruction"]] += 1
+            demo = src.read(name, images=False)
+            actions.append(demo.actions)
+            shapes = shapes or {"actions": list(demo.actions.shape[1:]), "proprio": list(demo.proprio.shape[1:])}
+        if names:
+            shapes["image"] = list(src.frames(names[0], 0, 1).shape[1:])
+        for task, t in tasks.items():
+            t["mean_length"] = round(t["steps"] / t["demos"], 1)
+            t["instructions"] = len(instructions[task])
+        splits = {}
+        for split in ("train", "valid"):
+            with contextlib.suppress(DatasetError):
+                splits[split] = len(src.names(split))
+        a = np.concatenate(actions) if actions else np.zeros((0, 0), np.float32)
+        stats = {}
+        if len(a):
+            stats = {"mean": a.mean(0), "std": a.std(0), "min": a.min(0), "max": a.max(0),
+                     "q01": np.quantile(a, 0.01, axis=0), "q99": np.quantile(a, 0.99, axis=0)}  # fmt: skip
+            stats = {k: [round(float(x), 4) for x in v] for k, v in stats.items()}
+        k = src.keys
+        return {
+            "file": str(path),
+            "layout": src.layout,
+            "keys": {"image": k.image, "proprio": list(k.proprio), "actions": k.actions},
+            "demos": len(names),
+            "steps": int(sum(t["steps"] for t in tasks.values())),
+            "splits": splits,
+            "env_args": src.env_args(),
+            "shapes": shapes,
+            "tasks": dict(tasks),
+            "failed_seeds": {},
+            "instructions": {t: sorted(c) for t, c in instructions.items()},
+            "action_stats": stats,
+        }
+
+
 def print_info(s: dict[str, Any]) -> None:
     print(f"{s['file']}: {s['demos']} demos, {s['steps']} steps, splits {s['splits']}")
+    if "layout" in s:
+        print(f"layout: {s['layout']}, keys: {s['keys']}")
     kw = s["env_args"].get("env_kwargs", {})
     print(f"env: {s['env_args'].get('type', '?')} {kw} at {s['env_args'].get('control_hz', '?')} Hz")
     print("shapes per step: " + ", ".join(f"{k} {tuple(v)}" for k, v in s["shapes"].items()))
@@ -252,14 +306,62 @@ def replay(path: str | os.PathLike, demo: str, video: str | None = None, scale: 
 # ------------------------------------------------------------------------------------ CLI
 
 
+def add_key_args(s: argparse.ArgumentParser) -> None:
+    """The observation-key mapping, the same for every layout and the same as vla-train's data.* keys."""
+    g = s.add_argument_group("key mapping (blank = the layout's default; same as vla-train data.*)")
+    g.add_argument("--layout", default="auto", choices=["auto", "ours", "robomimic", "libero", "lerobot"],
+                   help="dataset layout (default: detected)")  # fmt: skip
+    g.add_argument("--image-key", default="", help="camera: obs/<key> or a LeRobot camera (robomimic: agentview_image)")
+    g.add_argument("--proprio-keys", default="", help="comma-separated obs keys concatenated into proprio")
+    g.add_argument("--instruction", default="", help="instruction for demos that carry none")
+    g.add_argument("--valid-fraction", type=float, default=0.1, help="hash split share when the data has no masks")
+
+
+def source_options(args: argparse.Namespace) -> dict[str, Any]:
+    return {
+        "layout": args.layout,
+        "image": args.image_key,
+        "proprio": tuple(k for k in args.proprio_keys.split(",") if k),
+        "instruction": args.instruction,
+        "valid_fraction": args.valid_fraction,
+        **({"image_size": args.image_size} if getattr(args, "image_size", 0) else {}),
+    }
+
+
+def _layout(args: argparse.Namespace) -> str:
+    from vla.sources import detect_layout
+
+    return detect_layout(args.file) if args.layout == "auto" else args.layout
+
+
 def build_parser() -> argparse.ArgumentParser:
-    p = _Parser(prog="vla-data", description="Inspect, validate, merge and replay demonstration datasets.")
-    sub = p.add_subparsers(dest="cmd", required=True, metavar="{info,validate,merge,replay}", parser_class=_Parser)
+    p = _Parser(prog="vla-data", description="Inspect, validate, convert, merge and replay demonstration datasets.")
+    sub = p.add_subparsers(
+        dest="cmd", required=True, metavar="{info,validate,convert,merge,replay}", parser_class=_Parser
+    )
     s = sub.add_parser("info", help="demos and steps per task, instructions, action statistics")
-    s.add_argument("file")
+    s.add_argument("file", help="HDF5 file (ours, robomimic, LIBERO) or LeRobot v3 directory")
     s.add_argument("--json", action="store_true", help="print the summary as JSON")
+    add_key_args(s)
     s = sub.add_parser("validate", help="check schema, shapes, dtypes, values and masks (exit 0 = valid)")
-    s.add_argument("file")
+    s.add_argument("file", help="HDF5 file (ours, robomimic, LIBERO) or LeRobot v3 directory")
+    add_key_args(s)
+    s = sub.add_parser(
+        "convert",
+        help="HDF5 (ours, robomimic, LIBERO) <-> LeRobot v3.0 directory",
+        description="Convert SRC to DST: to a LeRobot v3.0 directory, or to our HDF5 layout when DST ends in "
+        ".hdf5/.h5. Written to a temporary sibling and renamed when complete; SRC is only read.",
+    )
+    s.add_argument("src", help="HDF5 file or LeRobot directory")
+    s.add_argument("dst", help="LeRobot directory to create, or NAME.hdf5")
+    s.add_argument("--codec", default="", choices=["", "av1", "h264", "lossless"],
+                   help="video codec for LeRobot output: av1 (LeRobot's default; used when available), h264, "
+                   "or lossless (H.264 RGB qp 0: exact pixels, ~10x larger)")  # fmt: skip
+    s.add_argument("--image-size", type=int, default=0, help="resize frames to N x N while converting (0 = keep)")
+    s.add_argument("--force", action="store_true", help="replace DST if it exists")
+    s.add_argument("--quiet", action="store_true", help="no progress bar")
+    s.add_argument("--json", action="store_true", help="print the result (episodes, frames, frames/s) as JSON")
+    add_key_args(s)
     s = sub.add_parser(
         "merge",
         help="combine datasets collected separately (same env_args, disjoint seeds)",
@@ -283,7 +385,11 @@ def build_parser() -> argparse.ArgumentParser:
 
 def _run(args: argparse.Namespace) -> int:
     if args.cmd == "info":
-        s = summarize(args.file)
+        mapped = args.image_key or args.proprio_keys or args.instruction
+        if _layout(args) == "ours" and not mapped:
+            s = summarize(args.file)
+        else:
+            s = summarize_source(args.file, **source_options(args))
         if args.json:
             print(json.dumps(s, indent=2))
         else:
@@ -292,14 +398,33 @@ def _run(args: argparse.Namespace) -> int:
     if args.cmd == "validate":
         from vla.validate import validate
 
-        problems = validate(args.file)
+        problems = validate(args.file, **source_options(args))
         for line in problems:
             print(line)
         if problems:
             print(f"{args.file}: INVALID ({len(problems)} problem{'s' if len(problems) > 1 else ''})", file=sys.stderr)
             return 1
-        with open_dataset(args.file) as f:
-            print(f"{args.file}: valid ({len(demo_names(f))} demos, {int(f['data'].attrs['total'])} steps)")
+        from vla.sources import open_source
+
+        with open_source(args.file, **source_options(args)) as src:
+            names = src.names("")
+            steps = sum(src.meta(n)["num_samples"] for n in names)
+            print(f"{args.file}: valid ({len(names)} demos, {steps} steps, {src.layout} layout)")
+        return 0
+    if args.cmd == "convert":
+        from vla.convert import convert
+
+        if not 0 <= args.valid_fraction < 1:
+            raise CliError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
+        r = convert(args.src, args.dst, codec=args.codec, force=args.force, quiet=args.quiet, **source_options(args))
+        if args.json:
+            print(json.dumps(r, indent=2))
+        else:
+            video = f", video {r['codec']} at {r['fps']} fps" if "codec" in r else ""
+            print(
+                f"wrote {r['out']}: {r['episodes']} episodes, {r['frames']} frames in {r['seconds']:.1f} s "
+                f"({r['frames_per_s']:.0f} frames/s){video}"
+            )
         return 0
     if args.cmd == "merge":
         if not 0 <= args.valid_fraction < 1:

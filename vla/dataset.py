@@ -6,9 +6,10 @@ full in an episode's first K steps). Every step of the window carries its target
 t' .. t'+chunk-1; targets past the end of the demo are marked in `action_is_pad` and carry no
 loss (as ACT does), instead of teaching the policy to repeat the last action.
 
-The HDF5 file is opened lazily, once per DataLoader worker (h5py handles do not survive fork).
-With `preload=True` the frames are decoded once into memory instead; on a small CPU dataset that
-keeps the two cores for training rather than for gzip.
+Demos come from an episode source (`vla.sources`: our HDF5, robomimic, LIBERO or a LeRobot directory),
+opened lazily, once per DataLoader worker (h5py handles do not survive fork). With `preload=True` the
+frames are decoded once into memory instead; on a small CPU dataset that keeps the two cores for
+training rather than for gzip or video decoding.
 """
 
 from __future__ import annotations
@@ -21,7 +22,8 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
-from vla.hdf5_format import DatasetError, ObsKeys, demo_meta, demo_names, open_dataset, read_demo
+from vla.hdf5_format import DatasetError, ObsKeys
+from vla.sources import EpisodeSource, open_source
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 
 
@@ -49,20 +51,25 @@ class Tokenizers:
         )
 
 
+def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> EpisodeSource:
+    return path if isinstance(path, EpisodeSource) else open_source(path, keys)  # keys None: the layout's
+
+
 def fit_tokenizers(
-    path: str | os.PathLike, split: str, keys: ObsKeys, action_bins: int, action_mode: str
+    path: str | os.PathLike | EpisodeSource, split: str, keys: ObsKeys | None, action_bins: int, action_mode: str
 ) -> Tokenizers:
     """Fit the text vocabulary, action bins and proprio statistics on one split (no images read)."""
     instructions, actions, proprio = [], [], []
-    with open_dataset(path) as f:
-        names = demo_names(f, split)
-        if not names:
-            raise DatasetError(f"{path}: mask/{split} is empty; nothing to train on")
-        for name in names:
-            demo = read_demo(f, name, keys, images=False)
-            instructions.append(demo.instruction)
-            actions.append(demo.actions)
-            proprio.append(demo.proprio)
+    src = _source(path, keys)
+    path = src.path
+    names = src.names(split)
+    if not names:
+        raise DatasetError(f"{path}: split '{split}' is empty; nothing to train on")
+    for name in names:
+        demo = src.read(name, images=False)
+        instructions.append(demo.instruction)
+        actions.append(demo.actions)
+        proprio.append(demo.proprio)
     acts = np.concatenate(actions)
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
@@ -73,16 +80,15 @@ def fit_tokenizers(
     )
 
 
-def data_fingerprint(path: str | os.PathLike, split: str, keys: ObsKeys) -> str:
+def data_fingerprint(path: str | os.PathLike | EpisodeSource, split: str, keys: ObsKeys | None) -> str:
     """A digest of what a run trains on (demo names, actions, proprio, instructions of the split): resume
     compares it, so a run is never silently continued on another dataset."""
-    h = hashlib.sha256()
-    with open_dataset(path) as f:
-        for name in demo_names(f, split):
-            demo = read_demo(f, name, keys, images=False)
-            h.update(name.encode() + demo.instruction.encode())
-            h.update(np.ascontiguousarray(demo.actions, dtype=np.float32).tobytes())
-            h.update(np.ascontiguousarray(demo.proprio, dtype=np.float32).tobytes())
+    h, src = hashlib.sha256(), _source(path, keys)
+    for name in src.names(split):
+        demo = src.read(name, images=False)
+        h.update(name.encode() + demo.instruction.encode())
+        h.update(np.ascontiguousarray(demo.actions, dtype=np.float32).tobytes())
+        h.update(np.ascontiguousarray(demo.proprio, dtype=np.float32).tobytes())
     return h.hexdigest()[:16]
 
 
@@ -98,7 +104,7 @@ class WindowDataset(Dataset):
 
     def __init__(
         self,
-        path: str | os.PathLike,
+        path: str | os.PathLike | EpisodeSource,
         split: str,
         tokenizers: Tokenizers,
         window: int,
@@ -109,31 +115,29 @@ class WindowDataset(Dataset):
         aux_key: str = "",
         keypoint_key: str = "",
     ):
-        keys = keys or ObsKeys()
-        self.path, self.split, self.keys = str(path), split, keys
+        self.source = _source(path, keys)
+        self.path, self.split, self.keys = str(self.source.path), split, self.source.keys
         self.tok, self.window, self.chunk, self.instruction_len = tokenizers, window, chunk, instruction_len
-        self._file = None
-        self._pid = None
-        with open_dataset(path) as f:
-            self.names = demo_names(f, split)
-            metas = [demo_meta(f, n, keys) for n in self.names]
-            # Actions, proprio and instructions are small: tokenize them all once, up front.
-            self.actions, self.action_is_pad, self.proprio, self.instructions = [], [], [], []
-            self.aux, self.keypoint_targets = [], []
-            for name in self.names:
-                demo = read_demo(f, name, keys, images=False)
-                if aux_key:
-                    self.aux.append(self._aux_targets(f, name, aux_key, demo.proprio))
-                if keypoint_key:
-                    self.keypoint_targets.append(self._keypoint_targets(f, name, keypoint_key))
-                targets, is_pad = self._action_targets(demo.actions)
-                self.actions.append(targets)
-                self.action_is_pad.append(is_pad)
-                self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
-                self.instructions.append(
-                    np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
-                )
-            self.images = [read_demo(f, n, keys).image for n in self.names] if preload else None
+        src = self.source
+        self.names = src.names(split)
+        metas = [src.meta(n) for n in self.names]
+        # Actions, proprio and instructions are small: tokenize them all once, up front.
+        self.actions, self.action_is_pad, self.proprio, self.instructions = [], [], [], []
+        self.aux, self.keypoint_targets = [], []
+        for name in self.names:
+            demo = src.read(name, images=False)
+            if aux_key:
+                self.aux.append(self._aux_targets(src, name, aux_key, demo.proprio))
+            if keypoint_key:
+                self.keypoint_targets.append(self._keypoint_targets(src, name, keypoint_key))
+            targets, is_pad = self._action_targets(demo.actions)
+            self.actions.append(targets)
+            self.action_is_pad.append(is_pad)
+            self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
+            self.instructions.append(
+                np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
+            )
+        self.images = [src.frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
         # (demo index, last step of the window) for every step of every demo.
@@ -142,32 +146,30 @@ class WindowDataset(Dataset):
             raise DatasetError(f"{path}: split '{split}' has no steps")
 
     @staticmethod
-    def _aux_targets(f, name: str, key: str, proprio: np.ndarray) -> np.ndarray:
+    def _aux_targets(src: EpisodeSource, name: str, key: str, proprio: np.ndarray) -> np.ndarray:
         """(T, 3n) float32: obs/<key> positions (n xyz triples: for us the named block and its goal)
         relative to the end effector (the first three proprio values), in units of 10 cm.
 
         Relative, not absolute: in demonstrations the gripper spends most frames next to the named
         block, so an absolute target can be half-explained by finding the gripper (a shortcut the
         keypoints fall into); relative to the gripper, only the object itself explains it."""
-        obs = f["data"][name]["obs"]
-        if key not in obs:
-            raise DatasetError(f"{f.filename}: {name}/obs has no '{key}' for the auxiliary loss (set data.aux_key='')")
-        pos = np.asarray(obs[key][()], dtype=np.float32)  # (T, 3n)
+        pos = src.obs(name, key)
+        if pos is None:
+            raise DatasetError(f"{src.path}: {name}/obs has no '{key}' for the auxiliary loss (set data.aux_key='')")
+        pos = np.asarray(pos, dtype=np.float32)  # (T, 3n)
         rel = pos.reshape(len(pos), -1, 3) - proprio[:, None, :3]  # (T, n, 3)
         return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
 
     @staticmethod
-    def _keypoint_targets(f, name: str, key: str) -> np.ndarray:
+    def _keypoint_targets(src: EpisodeSource, name: str, key: str) -> np.ndarray:
         """(T, n, 2) float32: obs/<key>, where n points (the named block, its goal) appear in the image
         as (row, column) in -1..1: targets for the first n keypoints' heat maps."""
-        obs = f["data"][name]["obs"]
-        if key not in obs:
-            raise DatasetError(
-                f"{f.filename}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')"
-            )
-        px = np.asarray(obs[key][()], dtype=np.float32)  # (T, 2n)
+        px = src.obs(name, key)
+        if px is None:
+            raise DatasetError(f"{src.path}: {name}/obs has no '{key}' for keypoint targets (set data.keypoint_key='')")
+        px = np.asarray(px, dtype=np.float32)  # (T, 2n)
         if px.ndim != 2 or px.shape[1] % 2 or not np.isfinite(px).all():
-            raise DatasetError(f"{f.filename}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
+            raise DatasetError(f"{src.path}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
         return px.reshape(len(px), -1, 2)
 
     def _action_targets(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
@@ -184,9 +186,7 @@ class WindowDataset(Dataset):
     def _frames(self, d: int, start: int, stop: int) -> np.ndarray:
         if self.images is not None:
             return self.images[d][start:stop]
-        if self._file is None or self._pid != os.getpid():  # first use in this worker process
-            self._file, self._pid = open_dataset(self.path), os.getpid()
-        return self._file["data"][self.names[d]]["obs"][self.keys.image][start:stop]
+        return self.source.frames(self.names[d], start, stop)  # reopens its file once per worker
 
     def __getitem__(self, i: int) -> dict:
         d, t = (int(v) for v in self.index[i])
@@ -211,11 +211,6 @@ class WindowDataset(Dataset):
         if self.keypoint_targets:
             item["keypoint_targets"] = _left_pad(self.keypoint_targets[d][start : t + 1], K)  # (K, n, 2)
         return item
-
-    def __getstate__(self):
-        state = self.__dict__.copy()
-        state["_file"] = None  # never ship an open h5py handle to a worker
-        return state
 
 
 class EpochSampler(torch.utils.data.Sampler):

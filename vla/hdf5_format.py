@@ -99,6 +99,9 @@ def write_episode(group: h5py.Group, ep: Episode) -> None:
         arr = np.asarray(arr, dtype=dtype)
         if len(arr) != t:
             raise ValueError(f"{name} has {len(arr)} rows, expected {t}")
+        if arr.size == 0:  # e.g. (T, 0) states of a converted dataset that has none: no chunks to checksum
+            g.create_dataset(name, shape=arr.shape, dtype=arr.dtype)
+            return
         g.create_dataset(name, data=arr, fletcher32=True, chunks=kw.pop("chunks", True), **kw)
 
     put(group, "actions", ep.actions, np.float32)
@@ -176,9 +179,11 @@ def write_dataset(
     *,
     valid_fraction: float = 0.1,
     failed_seeds: dict[str, list[int]] | None = None,
+    masks: dict[str, str] | None = None,
 ) -> int:
     """Atomically write a complete dataset: demos (new `Episode`s or demo groups copied from
     other files, in the given order, renamed `demo_0..`), masks, `total` and `env_args`.
+    `masks` ({new demo name: "train" | "valid"}) keeps a split made elsewhere instead of recomputing it.
     Returns the number of demos written."""
     with atomic_h5(path) as f:
         data = f.create_group("data")
@@ -199,7 +204,11 @@ def write_dataset(
         if failed_seeds:
             clean = {t: sorted({int(s) for s in v}) for t, v in sorted(failed_seeds.items()) if v}
             set_str_attr(data, "failed_seeds", json.dumps(clean))
-        train, valid = split_masks(index, valid_fraction)
+        if masks is not None:
+            train = [n for n, _, _ in index if masks.get(n) == "train"]
+            valid = [n for n, _, _ in index if masks.get(n) == "valid"]
+        else:
+            train, valid = split_masks(index, valid_fraction)
         mask = f.create_group("mask")
         for split, names in (("train", train), ("valid", valid)):
             kw = {"chunks": True, "fletcher32": True} if names else {}
@@ -385,7 +394,8 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
         raise DatasetError(f"{f.filename}: {name} has no '{keys.actions}' (collect with --noise for expert_actions)")
     for k in (*keys.proprio, *((keys.image,) if images else ())):
         if k not in obs:
-            raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {', '.join(sorted(obs))}); set ObsKeys")
+            have = ", ".join(sorted(obs))
+            raise DatasetError(f"{f.filename}: {name}/obs has no '{k}' (has: {have}); map keys: data.image_key, ...")
     proprio = np.concatenate(
         [np.asarray(obs[k][()], dtype=np.float32).reshape(len(g["actions"]), -1) for k in keys.proprio],
         axis=1,

@@ -31,10 +31,11 @@ from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_che
 from vla.config import ConfigError, apply_overrides, from_dict, to_dict
 from vla.dataset import EpochSampler, Tokenizers, WindowDataset, data_fingerprint, fit_tokenizers
 from vla.distributed import Distributed
-from vla.hdf5_format import DatasetError, ObsKeys, demo_names, open_dataset, read_env_args
+from vla.hdf5_format import DatasetError
 from vla.model import ActionTransformer, DataSpec
 from vla.policy import Policy, pick_device
 from vla.run_log import RunLog, SilentLog
+from vla.sources import open_source
 from vla.train_config import DataConfig, OptimConfig, TrainConfig, load_config
 
 
@@ -61,34 +62,41 @@ def param_digest(model: torch.nn.Module) -> str:
 # ----------------------------------------------------------------------------------------- data
 
 
-def obs_keys(data: DataConfig) -> ObsKeys:
-    return ObsKeys(
-        image=data.image_key,
-        proprio=tuple(data.proprio_keys),
-        instruction=data.instruction or None,
-        actions=data.action_key,
-    )
+def open_data(data: DataConfig, path: str):
+    """Any layout (ours, robomimic, LIBERO, LeRobot) through one key mapping, frames resized on read."""
+    return open_source(
+        path, layout=data.layout, image=data.image_key, proprio=data.proprio_keys, instruction=data.instruction,
+        actions=data.action_key, image_size=data.image_size, valid_fraction=data.valid_fraction,
+    )  # fmt: skip
 
 
 def resolve_optional_keys(data: DataConfig, path: str) -> DataConfig:
-    """Turn off the privileged targets the file does not have (one notice each): our collector records
+    """Turn off the privileged targets the data does not have (one notice each): our collector records
     them, real robot data has none, and the same default config must train on both."""
-    with open_dataset(path) as f:
-        names = demo_names(f, data.train_split)
-        if not names:
-            raise DatasetError(f"{path}: split '{data.train_split}' is empty; nothing to train on")
-        demo = f["data"][names[0]]
-        changes = {}
-        if data.action_key not in demo and data.action_key == "expert_actions":
+    source = open_data(dataclasses.replace(data, action_key="actions"), path)
+    names = source.names(data.train_split)
+    if not names:
+        raise DatasetError(f"{path}: split '{data.train_split}' is empty; nothing to train on")
+    changes = {}
+    if data.action_key == "expert_actions":
+        try:
+            open_data(data, path).read(names[0], images=False)
+        except DatasetError:
             changes["action_key"] = "actions"
-        for field_name in ("aux_key", "keypoint_key"):
-            key = getattr(data, field_name)
-            if key and key not in demo["obs"]:
-                changes[field_name] = ""
+    for field_name in ("aux_key", "keypoint_key"):
+        key = getattr(data, field_name)
+        if key and source.obs(names[0], key) is None:
+            changes[field_name] = ""
     for field_name, value in changes.items():
-        old = getattr(data, field_name)
-        print(f"vla-train: {path} has no '{old}': data.{field_name}={value!r}", file=sys.stderr)
+        print(f"vla-train: {path} has no '{getattr(data, field_name)}': data.{field_name}={value!r}", file=sys.stderr)
     return dataclasses.replace(data, **changes)
+
+
+def registered_tasks() -> set[str]:
+    """The gymnasium ids closed-loop evaluation can run (robomimic, LIBERO, LeRobot data name others)."""
+    import envs
+
+    return set(envs.TASKS)
 
 
 @dataclass
@@ -104,38 +112,43 @@ class TrainData:
 
 def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> TrainData:
     """Windows of the training (and validation) split, tokenized, and the sizes the data decides."""
-    keys = obs_keys(cfg.data)
+    source = open_data(cfg.data, path)
+    keys = source.keys
     if tokenizers is None:
-        tokenizers = fit_tokenizers(path, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode)
-    with open_dataset(path) as f:
-        env_args = read_env_args(f)
+        tokenizers = fit_tokenizers(source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode)
 
     def windows(split: str) -> WindowDataset:
         return WindowDataset(
-            path, split, tokenizers, cfg.model.window, cfg.model.chunk, cfg.model.instruction_len, keys,
+            source, split, tokenizers, cfg.model.window, cfg.model.chunk, cfg.model.instruction_len, keys,
             preload=cfg.data.preload, aux_key=cfg.data.aux_key, keypoint_key=cfg.data.keypoint_key,
         )  # fmt: skip
 
     train_set = windows(cfg.data.train_split)
     valid_set = None
     if cfg.data.valid_split and cfg.eval.valid_batches > 0:
-        with open_dataset(path) as f:
-            has_valid = f"mask/{cfg.data.valid_split}" in f and len(demo_names(f, cfg.data.valid_split)) > 0
-        if has_valid:
+        try:
             valid_set = windows(cfg.data.valid_split)
-        else:
-            print(f"vla-train: {path} has no '{cfg.data.valid_split}' split: no validation loss", file=sys.stderr)
+        except DatasetError as e:  # no or an empty valid split: train without a validation loss
+            print(f"vla-train: no validation loss ({e})", file=sys.stderr)
     sample = train_set[0]
+    side = sample["image"].shape[-2]
+    if side % cfg.model.patch_size:
+        raise ConfigError(
+            f"{path}: frames are {side}x{side}, not a multiple of model.patch_size={cfg.model.patch_size}; "
+            f"resize them with data.image_size={max(1, round(side / cfg.model.patch_size)) * cfg.model.patch_size}"
+        )
     spec = DataSpec(
-        image_size=sample["image"].shape[-2],
+        image_size=side,
         n_cameras=sample["image"].shape[1],
         proprio_dim=sample["proprio"].shape[-1],
         action_dim=tokenizers.action.action_dim,
         vocab_size=tokenizers.text.vocab_size,
         aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
     )
-    fingerprint = data_fingerprint(path, cfg.data.train_split, keys)
-    return TrainData(tokenizers, spec, train_set, valid_set, env_args, sorted(set(train_set.tasks)), fingerprint)
+    fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
+    return TrainData(
+        tokenizers, spec, train_set, valid_set, source.env_args(), sorted(set(train_set.tasks)), fingerprint
+    )
 
 
 def batches(dataset, batch_size: int, seed: int, rank: int, world: int, start_step: int, workers: int, pin: bool):
@@ -283,6 +296,9 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     if not resume:
         cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
     data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
+    if cfg.eval.episodes > 0 and not set(data.tasks) <= registered_tasks():
+        print(f"vla-train: no closed-loop evaluation: tasks {data.tasks[:3]} are not registered envs", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, episodes=0))
     if state and state["data_fingerprint"] != data.fingerprint:
         raise ConfigError(
             f"--data {data_path} is not the dataset this run started on ({resume.meta['data']}; "

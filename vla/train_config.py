@@ -18,11 +18,14 @@ from vla.policy_config import PolicyConfig
 
 @dataclass
 class DataConfig:
-    image_key: str = "image"  # obs/<key> holding the camera frames (robomimic: agentview_image)
-    proprio_keys: list[str] = field(default_factory=lambda: ["proprio"])  # obs keys concatenated
-    instruction: str = ""  # instruction for files whose demos carry none
-    train_split: str = "train"  # mask/<name> to train on
-    valid_split: str = "valid"  # mask/<name> for validation loss ("" = none)
+    layout: str = "auto"  # dataset layout: auto (detected), ours, robomimic, libero, lerobot (see vla.sources)
+    image_key: str = ""  # camera: obs/<key> (robomimic: agentview_image) or a LeRobot camera; "" = layout default
+    proprio_keys: list[str] = field(default_factory=list)  # obs keys concatenated into proprio; [] = layout default
+    instruction: str = ""  # instruction for files whose demos carry none (LIBERO's problem_info is read first)
+    image_size: int = 0  # resize frames to image_size x image_size (antialiased) before the model; 0 = as stored
+    train_split: str | None = "train"  # mask/<name> to train on ("" = every demo)
+    valid_split: str | None = "valid"  # mask/<name> for validation loss ("" = none)
+    valid_fraction: float = 0.1  # share of demos in train/valid splits made by hash when the data has no masks
     preload: bool = True  # decode every frame into RAM once (small datasets); else read lazily
     num_workers: int = 0  # DataLoader worker processes
     augment_shift: int = 0  # random-shift augmentation, pixels (pad + random crop); 0 = off
@@ -34,6 +37,11 @@ class DataConfig:
     action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
 
     def __post_init__(self):
+        self.train_split, self.valid_split = self.train_split or "", self.valid_split or ""  # `split=` parses as None
+        if self.image_size < 0 or not 0 <= self.valid_fraction < 1:
+            raise ValueError(
+                f"data.image_size={self.image_size} must be >= 0, data.valid_fraction={self.valid_fraction} in [0, 1)"
+            )
         if self.keypoint_key and self.augment_shift:
             raise ValueError(
                 f"keypoint_key={self.keypoint_key!r} needs augment_shift: 0 (a shifted frame moves the objects "

@@ -240,9 +240,71 @@ class _Checker:
                 self.add("mask", f"demos in neither train nor valid: {missing[:5]}")
 
 
-def validate(path: str | os.PathLike) -> list[str]:
-    """Problems with the dataset at `path`, one line each; an empty list means it is valid."""
+def _check_source(path: Path, **source_options: Any) -> list[str]:
+    """What training needs from a foreign layout (robomimic, LIBERO, LeRobot), read through `vla.sources`:
+    every episode readable (every frame decoded), the mapped keys present, shapes that agree across
+    episodes, finite actions and proprio, a non-empty train split."""
+    from vla.sources import open_source
+
+    problems: list[str] = []
     try:
-        return _Checker(Path(path)).run()
+        src = open_source(path, **source_options)
+    except DatasetError as e:
+        return [str(e)]
+    with src:
+        names = src.names("")
+        if not names:
+            return [f"{path}: contains no episodes"]
+        shapes: dict[str, tuple] = {}
+        for name in names:
+            try:
+                demo = src.read(name, images=True)
+            except DatasetError as e:
+                problems.append(str(e))
+                continue
+            except Exception as e:  # a damaged file: one line, no trace
+                problems.append(f"{path}: {name}: unreadable ({type(e).__name__}: {_short(e)})")
+                continue
+            T = demo.num_samples
+            for key, arr in (("actions", demo.actions), ("proprio", demo.proprio), ("image", demo.image)):
+                if len(arr) != T:
+                    problems.append(f"{path}: {name}/{key}: {len(arr)} steps but {T} actions")
+                if shapes.setdefault(key, arr.shape[1:]) != arr.shape[1:]:
+                    problems.append(f"{path}: {name}/{key}: shape {arr.shape[1:]} per step differs from {shapes[key]}")
+            if demo.image.dtype != np.uint8 or demo.image.ndim != 4 or demo.image.shape[-1] != 3:
+                problems.append(f"{path}: {name}/image: expected (T, H, W, 3) uint8, got {demo.image.shape}")
+            for key, arr in (("actions", demo.actions), ("proprio", demo.proprio)):
+                bad = ~np.isfinite(arr)
+                if bad.any():
+                    problems.append(f"{path}: {name}/{key}: {int(bad.sum())} NaN/Inf values")
+        try:
+            if not src.names("train"):
+                problems.append(f"{path}: the train split is empty")
+        except DatasetError as e:
+            problems.append(str(e))
+    return problems
+
+
+def validate(path: str | os.PathLike, **source_options: Any) -> list[str]:
+    """Problems with the dataset at `path`, one line each; an empty list means it is valid.
+
+    Our own HDF5 layout gets the full schema check below; robomimic, LIBERO and LeRobot layouts
+    (detected, or `layout=...`) are checked for what training reads, through the same key mapping
+    as `vla-train` (`source_options` of `vla.sources.open_source`: layout, image, proprio, ...)."""
+    try:
+        from vla.sources import detect_layout
+
+        layout = source_options.get("layout") or "auto"
+        if layout == "auto":
+            try:
+                layout = detect_layout(path)
+            except DatasetError:
+                layout = "ours"  # let the full check below phrase the problem
+        if layout != "ours":
+            return _check_source(Path(path), **{**source_options, "layout": layout})
+        problems = _Checker(Path(path)).run()
+        if not problems and any(source_options.get(k) for k in ("image", "proprio", "actions")):
+            problems = _check_source(Path(path), **source_options)  # and the keys the caller maps
+        return problems
     except Exception as e:  # last resort: validate never raises
         return [f"{path}: cannot check ({type(e).__name__}: {_short(e)})"]
