@@ -99,7 +99,8 @@ def test_robomimic_trains_with_one_command(robomimic, tmp_path):
     r = _train(robomimic, tmp_path / "run", "data.image_size=64")
     assert r.returncode == 0, r.stderr[-2000:]
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
-    assert meta["data_spec"]["image_size"] == 64 and meta["data_spec"]["proprio_dim"] == 5 and meta["data_spec"]["action_dim"] == 7
+    spec = meta["data_spec"]
+    assert spec["image_size"] == 64 and spec["proprio_dim"] == 5 and spec["action_dim"] == 7
     assert [json.loads(ln)["step"] for ln in (tmp_path / "run" / "metrics.jsonl").read_text().splitlines()][-1] == 4
 
 
