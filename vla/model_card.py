@@ -37,6 +37,31 @@ def _patch_embed_flops(cfg: ModelConfig, lay: TokenLayout) -> int:
     return lay.spec.n_cameras * flops
 
 
+def _flops(cfg: ModelConfig, lay: TokenLayout) -> dict:
+    """FLOPs of one streaming control step, one recompute, and one training sample."""
+    d, nl = cfg.d_model, cfg.n_layer
+    L, K, S, CA = cfg.instruction_len, cfg.window, lay.tokens_per_step, lay.n_action_tokens
+    dense_per_token = nl * 2 * (4 * d * d + 2 * d * cfg.d_ff)  # projections + MLP matmuls, all layers
+    n_keys = L + K * S  # the streaming buffer: every query scores all of it
+    attn_per_query = nl * 4 * d * n_keys
+    head = 2 * d * cfg.action_bins
+    embed_step = _patch_embed_flops(cfg, lay) + 2 * lay.spec.proprio_dim * d
+    streaming = S * dense_per_token + S * attn_per_query + CA * head + embed_step
+    N = L + K * S  # stream length of a full training window
+    forward = N * dense_per_token + nl * 4 * d * N * N + K * CA * head + K * embed_step
+    if cfg.film:  # the instruction's own pass that conditions the stem (done once per episode at inference)
+        forward += L * dense_per_token + nl * 4 * d * L * L
+    passes = CA if cfg.action_decoding == "autoregressive" else 1
+    recompute = passes * (N * dense_per_token + nl * 4 * d * N * N + CA * head) + K * embed_step
+    return {
+        "per_control_step_streaming": streaming,
+        "per_control_step_recompute": recompute,
+        "recompute_over_streaming": recompute / streaming,
+        "per_training_sample_forward": forward,
+        "per_training_sample_train": 3 * forward,  # backward ~ 2x forward
+    }
+
+
 def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
     """Parameters by component (total == sum of numel) and FLOPs, for a config (no weights allocated)."""
     with torch.device("meta"):
@@ -77,19 +102,8 @@ def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
 
     per_layer = (attn + mlp + norms) // nl
     formula = 4 * d * d + 2 * d * dff
-    # FLOPs ------------------------------------------------------------------------------------
-    dense_per_token = nl * 2 * formula  # projections + MLP matmuls of one token through all layers
-    n_keys = L + K * S  # the streaming buffer: every query scores all of it
-    attn_per_query = nl * 4 * d * n_keys
-    head = 2 * d * cfg.action_bins
-    embed_step = _patch_embed_flops(cfg, lay) + 2 * spec.proprio_dim * d
-    streaming = S * dense_per_token + S * attn_per_query + CA * head + embed_step
-    N = L + K * S  # stream length of a full training window
-    forward = N * dense_per_token + nl * 4 * d * N * N + K * CA * head + K * embed_step
-    if cfg.film:  # the instruction's own pass that conditions the stem (done once per episode at inference)
-        forward += L * dense_per_token + nl * 4 * d * L * L
-    passes = CA if cfg.action_decoding == "autoregressive" else 1
-    recompute = passes * (N * dense_per_token + nl * 4 * d * N * N + CA * head) + K * embed_step
+    flops = _flops(cfg, lay)
+    n_keys = L + K * S  # the streaming buffer
     kv_bytes = nl * 2 * n_keys * d * 4  # fp32, one episode
     return {
         "config": {
@@ -115,15 +129,9 @@ def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
             "image_per_step": lay.n_image_tokens,
             "proprio_per_step": 1,
             "action_per_step": CA,
-            "window_stream": N,
+            "window_stream": n_keys,
         },
-        "flops": {
-            "per_control_step_streaming": streaming,
-            "per_control_step_recompute": recompute,
-            "recompute_over_streaming": recompute / streaming,
-            "per_training_sample_forward": forward,
-            "per_training_sample_train": 3 * forward,  # backward ~ 2x forward
-        },
+        "flops": flops,
         "kv_cache_bytes_per_episode_fp32": kv_bytes,
     }
 
