@@ -415,12 +415,3 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
         states=opt("states"),
         success=meta["success"],
     )
-
-
-def iter_demos(
-    path: str | os.PathLike, split: str | None = None, keys: ObsKeys = ObsKeys(), images: bool = True
-) -> Iterator[Demo]:
-    """Read every demo of a file (optionally one mask split), in index order."""
-    with open_dataset(path) as f:
-        for name in demo_names(f, split):
-            yield read_demo(f, name, keys, images)

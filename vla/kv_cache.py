@@ -79,8 +79,3 @@ class KVCache:
             ),
             valid=torch.cat([self.instr_valid, self.slot_valid.repeat_interleave(S, dim=1)], dim=1),  # (B, L + K*S)
         )
-
-    def window_slots(self) -> list[int]:
-        """The filled slots, oldest step first."""
-        k, n = self.window, self.n_steps
-        return [(n - m) % k for m in range(min(n, k), 0, -1)]

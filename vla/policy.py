@@ -12,7 +12,6 @@ it recomputes the whole window from scratch every step; both give the same actio
 
 from __future__ import annotations
 
-import dataclasses
 from collections import deque
 from pathlib import Path
 
@@ -190,8 +189,3 @@ def load_policy(checkpoint_dir: str | Path, device=None, kv_cache: bool | None =
     model = ActionTransformer(cfg, spec)
     ckpt.load_into(model)
     return Policy(model.to(pick_device(device)), tokenizers, meta, config)
-
-
-def policy_with(policy: Policy, **overrides) -> Policy:
-    """The same network and tokenizers under other PolicyConfig settings (e.g. for an evaluation sweep)."""
-    return Policy(policy.model, policy.tok, policy.meta, dataclasses.replace(policy.config, **overrides))

@@ -30,10 +30,6 @@ Mode = Literal["uniform", "quantile", "mulaw"]
 MODES = ("uniform", "quantile", "mulaw")
 
 
-def _mulaw(x: np.ndarray, mu: float) -> np.ndarray:
-    return np.sign(x) * np.log1p(mu * np.abs(x)) / np.log1p(mu)
-
-
 def _mulaw_inv(y: np.ndarray, mu: float) -> np.ndarray:
     return np.sign(y) * np.expm1(np.abs(y) * np.log1p(mu)) / mu
 
