@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
+from vla.augment import random_shift
 from vla.dataset import EpochSampler, WindowDataset, fit_tokenizers
 from vla.hdf5_format import ObsKeys, open_dataset, read_demo
-from vla.train import random_shift
 
 
 @pytest.fixture(scope="module")
@@ -33,9 +33,11 @@ def test_windows_match_the_demo(tiny_dataset, tokenizers, preload):
     np.testing.assert_allclose(
         last["proprio"][-1].numpy(), tokenizers.proprio.normalize(demo.proprio[T - 1]), rtol=1e-6
     )
-    # chunk targets: actions t and t+1, chunk-major; past the end the last action repeats
+    # chunk targets: actions t and t+1, chunk-major; past the end a slot is marked and carries no target
     assert last["actions"][0].tolist() == [*tokens[T - 3], *tokens[T - 2]]
-    assert last["actions"][2].tolist() == [*tokens[T - 1], *tokens[T - 1]]
+    assert last["actions"][2][: tokens.shape[1]].tolist() == [*tokens[T - 1]]
+    assert last["action_is_pad"].tolist() == [[False, False], [False, False], [False, True]]
+    assert not ds[T - 2]["action_is_pad"].any()
     assert len(ds) == sum(int(n) for n in np.bincount(ds.index[:, 0]))
 
 
@@ -90,3 +92,29 @@ def test_keypoint_targets_are_the_recorded_image_positions(tiny_dataset, tokeniz
     assert float(ds[0]["keypoint_targets"][0].abs().sum()) == 0.0  # padding step
     with pytest.raises(Exception, match="no 'nothing' for keypoint targets"):
         WindowDataset(tiny_dataset, "train", tokenizers, window=2, chunk=1, instruction_len=12, keypoint_key="nothing")
+
+
+def test_chunk_targets_past_the_demo_end_carry_no_loss(tiny_dataset, tokenizers):
+    """ACT's action_is_pad: whatever sits in a padded target slot, the loss and accuracy are the same."""
+    from vla.model import ActionTransformer, DataSpec, ModelConfig
+
+    ds = WindowDataset(tiny_dataset, "train", tokenizers, window=2, chunk=3, instruction_len=12, preload=True)
+    T = int(np.bincount(ds.index[:, 0])[0])
+    batch = {k: v[None] for k, v in ds[T - 1].items() if k != "demo"}  # the demo's last window
+    spec = DataSpec(image_size=batch["image"].shape[-2], proprio_dim=batch["proprio"].shape[-1],
+                    action_dim=tokenizers.action.action_dim, vocab_size=tokenizers.text.vocab_size)  # fmt: skip
+    cfg = ModelConfig(d_model=32, n_head=2, n_layer=1, d_ff=64, patch_embed="linear", film=False, keypoints=0,
+                      aux_feed=False, window=2, chunk=3, action_bins=64, instruction_len=12)  # fmt: skip
+    torch.manual_seed(0)
+    model = ActionTransformer(cfg, spec).eval()
+    A = spec.action_dim
+    pad = batch["action_is_pad"][0, -1]  # (chunk,): the last step's targets t+1, t+2 lie past the end
+    assert pad.tolist() == [False, True, True]
+    other = dict(batch, actions=batch["actions"].clone())
+    other["actions"][0, -1, A:] = (other["actions"][0, -1, A:] + 7) % cfg.action_bins  # change only padded slots
+    with torch.no_grad():
+        a, b = model(batch), model(other)
+    assert torch.equal(a["loss"], b["loss"]) and torch.equal(a["accuracy"], b["accuracy"])
+    unmasked = dict(other, action_is_pad=torch.zeros_like(other["action_is_pad"]))
+    with torch.no_grad():
+        assert not torch.equal(model(unmasked)["loss"], a["loss"])  # without the mask those targets would count
