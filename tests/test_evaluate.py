@@ -114,6 +114,9 @@ def test_vla_eval_parallel_workers(tiny_checkpoint, tmp_path):
     [
         (["--episodes-per-task", "0"], "at least 1"),
         (["--tasks", "fly"], "unknown task"),
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--device", "gpu0"], "--device gpu0"),
+        (["--attention", "x", "--attention-steps", "0,ten"], "--attention-steps"),
     ],
 )
 def test_vla_eval_bad_input_is_one_line_and_exit_2(tiny_checkpoint, capsys, args, message):

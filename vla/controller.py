@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from vla.config import ConfigError
 from vla.robot import Robot
 
 
@@ -70,7 +71,7 @@ class ControllerConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise ConfigError(message)
 
     @property
     def period_s(self) -> float:

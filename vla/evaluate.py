@@ -23,6 +23,7 @@ from pathlib import Path
 import numpy as np
 
 from vla import cli
+from vla.errors import UserError
 
 EVAL_SEED = 100_000  # first evaluation seed; the collector counts up from its own (small) seeds
 
@@ -249,8 +250,10 @@ def _run(args) -> int:
     from vla.policy import load_policy
 
     if args.episodes_per_task < 1:
-        raise ValueError("--episodes-per-task must be at least 1")
-    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+        raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    policy = load_policy(args.checkpoint, device=cli.device(args.device), kv_cache=not args.no_kv_cache)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)
@@ -261,7 +264,11 @@ def _run(args) -> int:
     if args.attention:
         from vla.attention import attention_rollout
 
-        steps = [int(s) for s in args.attention_steps.split(",") if s.strip()]
+        try:
+            steps = [int(s) for s in args.attention_steps.split(",") if s.strip()]
+        except ValueError:
+            got = args.attention_steps
+            raise UserError(f"--attention-steps: expected comma-separated integers, got {got!r}") from None
         for task in tasks:
             paths = attention_rollout(policy, task, args.seed, steps, args.attention)
             print(f"{task}: {len(paths)} attention figures in {args.attention}")
