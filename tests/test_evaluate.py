@@ -102,11 +102,13 @@ def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_pat
     assert "| task | success |" in r.stdout and "**overall**" in r.stdout
 
 
-def test_vla_eval_parallel_workers(tiny_checkpoint, tmp_path):
+def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_checkpoint, tmp_path):
     out = tmp_path / "eval.json"
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "3", "--json", str(out),
-                 "--tasks", "reach", "--workers", "2"]) == 0  # fmt: skip
-    check_contract(json.loads(out.read_text()), ["tabletop/Reach-v0"], 3)
+                 "--tasks", "reach", "--workers", "2", "--device", "cpu", "--no-kv-cache"]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    check_contract(result, ["tabletop/Reach-v0"], 3)
+    assert result["policy"] == {"device": "cpu", "kv_cache": False}  # what every worker built (they must agree)
 
 
 @pytest.mark.parametrize(

@@ -4,7 +4,8 @@ Runs the policy on every task it was trained on, with seeds it has not seen (`--
 100000, far from the collector's), and reports the success rate per task with a Wilson 95% interval,
 the mean episode length, and the overall rate, as a table and as JSON:
     {"tasks": {ID: {"success_rate", "episodes", "ci95": [lo, hi], "mean_length"}},
-     "overall": {"success_rate", "episodes", "ci95"}}
+     "overall": {"success_rate", "episodes", "ci95"},
+     "policy": {"device", "kv_cache"}}   (as the policy ran: with --workers, in every worker process)
 `--instructions` probes language grounding: "swap_colour" names a distractor block instead of the
 target, "other_task" gives the instruction of another task in the same scene; a policy that reads
 the instruction should then fail.
@@ -151,14 +152,19 @@ def evaluate(
     return result
 
 
-def _worker(job: tuple) -> tuple[str, list[dict]]:
-    checkpoint, task, seeds, instructions, image_size, video_dir, n_videos = job
+def policy_info(policy) -> dict:
+    """How the evaluated policy runs (reported in the JSON, and checked equal across workers)."""
+    return {"device": str(policy.device), "kv_cache": bool(policy.kv_cache)}
+
+
+def _worker(job: tuple) -> tuple[str, list[dict], dict]:
+    checkpoint, policy_kwargs, task, seeds, instructions, image_size, video_dir, n_videos = job
     import torch
 
     torch.set_num_threads(1)
     from vla.policy import load_policy
 
-    policy = load_policy(checkpoint, device="cpu")
+    policy = load_policy(checkpoint, **policy_kwargs)
     import gymnasium as gym
 
     import envs  # noqa: F401
@@ -173,11 +179,15 @@ def _worker(job: tuple) -> tuple[str, list[dict]]:
             save_video(Path(video_dir) / name, ep["frames"])
         eps.append({"success": ep["success"], "length": ep["length"]})
     env.close()
-    return task, eps
+    return task, eps, policy_info(policy)
 
 
-def evaluate_parallel(checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers) -> dict:
-    """Split (task, seed) jobs over `workers` processes, each with its own policy copy."""
+def evaluate_parallel(
+    checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers, policy_kwargs: dict | None = None
+) -> dict:
+    """Split (task, seed) jobs over `workers` processes, each with its own policy copy.
+
+    `policy_kwargs` go to every worker's `load_policy` (device, kv_cache), as in the single-process path."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -188,13 +198,20 @@ def evaluate_parallel(checkpoint, tasks, episodes, seed, instructions, image_siz
         seeds = [seed + i for i in range(episodes)]
         for k in range(0, episodes, per_job):
             n_videos = 2 if k == 0 else 0
-            jobs.append((str(checkpoint), task, seeds[k : k + per_job], instructions, image_size, video_dir, n_videos))
+            job = (str(checkpoint), policy_kwargs or {}, task, seeds[k : k + per_job], instructions, image_size,
+                   video_dir, n_videos)  # fmt: skip
+            jobs.append(job)
     outcomes: dict[str, list[dict]] = {t: [] for t in tasks}
+    infos = []
     with mp.get_context("spawn").Pool(workers) as pool:
-        for task, eps in tqdm(pool.imap_unordered(_worker, jobs), total=len(jobs), desc="eval", file=sys.stderr):
+        for task, eps, info in tqdm(pool.imap_unordered(_worker, jobs), total=len(jobs), desc="eval", file=sys.stderr):
             outcomes[task].extend(eps)
+            infos.append(info)
+    if any(info != infos[0] for info in infos):
+        raise RuntimeError(f"the eval workers ran different policy settings: {infos}")
     result = summarize(outcomes)
     result["episodes_detail"] = outcomes
+    result["policy"] = infos[0]
     return result
 
 
@@ -253,7 +270,8 @@ def _run(args) -> int:
         raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
-    policy = load_policy(args.checkpoint, device=cli.device(args.device), kv_cache=not args.no_kv_cache)
+    policy_kwargs = {"device": cli.device(args.device), "kv_cache": not args.no_kv_cache}
+    policy = load_policy(args.checkpoint, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)
@@ -279,7 +297,7 @@ def _run(args) -> int:
     if args.workers > 1:
         result = evaluate_parallel(
             args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
-            image_size, args.video, args.workers,
+            image_size, args.video, args.workers, policy_kwargs,
         )  # fmt: skip
     else:
         result = evaluate(
@@ -291,6 +309,7 @@ def _run(args) -> int:
             args.video,
             image_size=image_size,
         )
+        result["policy"] = policy_info(policy)
     result["seconds"] = time.perf_counter() - start
     result["instructions"] = args.instructions
     result["checkpoint"] = str(args.checkpoint)
