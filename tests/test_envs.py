@@ -33,8 +33,11 @@ def run_expert(env, seed, noise=0.0):
 
 
 def test_registered_tasks():
-    assert len(envs.TASKS) >= 4
-    assert {envs.task_id(n) for n in ("reach", "push", "pick_place", "stack")} == set(envs.TASKS)
+    assert envs.TASKS == ["tabletop/Reach-v0", "tabletop/Push-v0", "tabletop/PickPlace-v0", "tabletop/Stack-v0"]
+    assert [envs.task_id(n) for n in ("reach", "push", "pick_place", "stack")] == envs.TASKS
+    assert [envs.task_id(t) for t in envs.TASKS] == envs.TASKS
+    with pytest.raises(envs.UnknownTask, match="unknown task 'fly'"):
+        envs.task_id("fly")
     for task_id in envs.TASKS:
         assert gym.spec(task_id).max_episode_steps > 0
 

@@ -3,6 +3,7 @@
 import json
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
@@ -77,16 +78,20 @@ def test_summarize_shape_and_numbers():
 
 
 def check_contract(result: dict, tasks: list[str], episodes: int):
-    assert set(result["tasks"]) == set(tasks)
-    for r in result["tasks"].values():
-        assert r["episodes"] == episodes and 0.0 <= r["success_rate"] <= 1.0
-        lo, hi = r["ci95"]
-        assert 0.0 <= lo <= r["success_rate"] <= hi <= 1.0
-        assert r["mean_length"] >= 1
+    """The summary agrees with the per-episode outcomes it was made from (DESIGN.md's JSON)."""
+    assert set(result["tasks"]) == set(tasks) == set(result["episodes_detail"])
+    for task, r in result["tasks"].items():
+        eps = result["episodes_detail"][task]
+        wins = sum(e["success"] for e in eps)
+        assert r["episodes"] == len(eps) == episodes and r["success_rate"] == pytest.approx(wins / episodes)
+        assert r["ci95"] == pytest.approx(list(wilson_interval(wins, episodes)))
+        max_steps = gym.spec(task).max_episode_steps
+        assert all(1 <= e["length"] <= max_steps for e in eps)
+        assert r["mean_length"] == pytest.approx(np.mean([e["length"] for e in eps]))
     o = result["overall"]
-    assert o["episodes"] == episodes * len(tasks) and 0.0 <= o["success_rate"] <= 1.0
-    wins = sum(round(r["success_rate"] * r["episodes"]) for r in result["tasks"].values())
-    assert o["success_rate"] == pytest.approx(wins / o["episodes"])
+    wins = sum(e["success"] for eps in result["episodes_detail"].values() for e in eps)
+    assert o["episodes"] == episodes * len(tasks) and o["success_rate"] == pytest.approx(wins / o["episodes"])
+    assert o["ci95"] == pytest.approx(list(wilson_interval(wins, o["episodes"])))
 
 
 def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_path):
