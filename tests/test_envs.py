@@ -1,5 +1,6 @@
 """The task suite's contract, parametrized over every registered task (dm_control's suite test)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -178,3 +179,30 @@ def test_object_px_is_where_the_named_block_appears_in_the_image(env):
         assert 4 <= len(rows) <= 80, len(rows)  # one 4 cm block: a few pixels at 64 px
         centroid = (np.array([rows.mean(), cols.mean()]) + 0.5) / 64 * 2 - 1  # pixel centres, -1..1
         assert np.abs(centroid - px[:2]).max() < 1.5 * 2 / 64, (seed, centroid, px[:2])
+
+
+def test_python_m_envs_writes_its_table_json_and_contact_sheet(tmp_path, capsys):
+    """`python -m envs` at tiny size (in process: the module's main is all `-m` runs)."""
+    from envs.__main__ import main
+
+    out, sheet = tmp_path / "experts.json", tmp_path / "sheet.png"
+    assert main(["--tasks", "reach,push", "--episodes", "2", "--json", str(out), "--contact-sheet", str(sheet)]) == 0
+    rows = json.loads(out.read_text())["rows"]
+    assert [r["task"] for r in rows] == ["tabletop/Reach-v0", "tabletop/Push-v0"]
+    for r in rows:
+        assert r["episodes"] == 2 and r["success_rate"] == 1.0  # the noise-free experts solve their seeds
+        assert 1 <= r["mean_length"] <= r["max_episode_steps"] == gym.spec(r["task"]).max_episode_steps
+        assert r["steps_per_s_rendered"] > 0 and r["steps_per_s_physics"] > 0
+    table = capsys.readouterr().out
+    assert "| tabletop/Reach-v0 | 100% (2 seeds) |" in table and "| tabletop/Push-v0 |" in table
+    assert sheet.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sheet.stat().st_size > 10_000
+
+
+def test_python_m_envs_bad_input_is_one_line(capsys):
+    from envs.__main__ import main
+
+    assert main(["--tasks", "fly", "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m envs: error: unknown task 'fly'; choose from " + ", ".join(envs.TASKS) + (
+        " (or reach, push, pick_place, stack)\n"
+    )
