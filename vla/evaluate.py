@@ -102,6 +102,11 @@ def run_episode(env, policy, seed: int, instructions: str = "own", record: bool 
     return {"success": success, "length": length, "instruction": instruction, "frames": frames}
 
 
+def video_path(video_dir: str | Path, task: str, seed: int, success: bool) -> Path:
+    """Where an episode's video goes: <dir>/<Task-v0>_seed<S>_<success|fail>.mp4."""
+    return Path(video_dir) / f"{task.split('/')[-1]}_seed{seed}_{'success' if success else 'fail'}.mp4"
+
+
 def save_video(path: str | Path, frames: list[np.ndarray], fps: int = 20, scale: int = 4) -> None:
     import imageio.v2 as imageio
 
@@ -136,8 +141,7 @@ def evaluate(
             record = video_dir is not None and i < videos_per_task
             ep = run_episode(env, policy, seed + i, instructions, record)
             if record:
-                name = f"{task.split('/')[-1]}_seed{seed + i}_{'success' if ep['success'] else 'fail'}.mp4"
-                save_video(Path(video_dir) / name, ep["frames"])
+                save_video(video_path(video_dir, task, seed + i, ep["success"]), ep["frames"])
             ep.pop("frames")
             outcomes[task].append(ep)
             bar.update(1)
@@ -175,8 +179,7 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
         record = video_dir is not None and k < n_videos
         ep = run_episode(env, policy, s, instructions, record)
         if record:
-            name = f"{task.split('/')[-1]}_seed{s}_{'success' if ep['success'] else 'fail'}.mp4"
-            save_video(Path(video_dir) / name, ep["frames"])
+            save_video(video_path(video_dir, task, s, ep["success"]), ep["frames"])
         eps.append({"success": ep["success"], "length": ep["length"]})
     env.close()
     return task, eps, policy_info(policy)
