@@ -14,7 +14,6 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401 - registers the tasks
-from tests.conftest import run_cli
 from vla import deploy
 from vla.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
 from vla.robot import Robot, SimRobot
@@ -373,11 +372,13 @@ def test_sim_robot_reports_success_when_the_expert_reaches_the_goal(clock):
 # ------------------------------------------------------------------------------------- vla-deploy
 
 
-def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path):
+def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path, capsys):
+    """In process (test_smoke runs vla-deploy as its own process)."""
     out = tmp_path / "deploy.json"
-    r = run_cli("vla.deploy", "--checkpoint", tiny_checkpoint, "--task", "reach", "--hz", 20, "--budget-ms", 50,
-                "--seconds", 1.0, "--json", out, "--inject-latency-ms", "2:1", "--seed", 3)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    argv = ["--checkpoint", str(tiny_checkpoint), "--task", "reach", "--hz", "20", "--budget-ms", "50",
+            "--seconds", "1.0", "--json", str(out), "--inject-latency-ms", "2:1", "--seed", "3"]  # fmt: skip
+    assert deploy.main(argv) == 0
+    stdout = capsys.readouterr().out
     report = json.loads(out.read_text())
     for key in ("p50", "p95", "p99", "max"):
         assert report["latency_ms"][key] > 0
@@ -393,7 +394,7 @@ def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path):
     assert 0.5 < report["sim_time_s"] < 1.5
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert "latency" in r.stdout and "p99" in r.stdout
+    assert "latency" in stdout and "p99" in stdout
 
 
 def test_deploy_safe_stop_exits_nonzero(tiny_checkpoint, tmp_path, capsys):
