@@ -9,7 +9,7 @@ import gymnasium as gym  # noqa: E402
 
 from envs.rendering import RenderingUnavailable  # noqa: E402
 from envs.scene import CONTROL_HZ  # noqa: E402
-from envs.tabletop_env import EXPERT_CLASSES, TASK_CLASSES, TabletopEnv  # noqa: E402
+from envs.tabletop_env import EXPERT_CLASSES, TASK_CLASSES, TabletopEnv, UnknownTask  # noqa: E402
 
 _IDS = {"reach": "tabletop/Reach-v0", "push": "tabletop/Push-v0", "pick_place": "tabletop/PickPlace-v0",
         "stack": "tabletop/Stack-v0"}  # fmt: skip
@@ -39,7 +39,7 @@ def task_id(name: str) -> str:
         return name
     if name in _IDS:
         return _IDS[name]
-    raise ValueError(f"unknown task {name!r}; choose from {', '.join(TASKS)}")
+    raise UnknownTask(f"unknown task {name!r}; choose from {', '.join(TASKS)} (or {', '.join(_IDS)})")
 
 
-__all__ = ["TASKS", "CONTROL_HZ", "TabletopEnv", "make_expert", "task_id", "RenderingUnavailable"]
+__all__ = ["TASKS", "CONTROL_HZ", "TabletopEnv", "make_expert", "task_id", "RenderingUnavailable", "UnknownTask"]

@@ -93,13 +93,17 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--json", help="also write the table as JSON here")
     parser.add_argument("--contact-sheet", help="write a PNG of every task's first frame here")
     args = parser.parse_args(argv)
+    if args.episodes < 1:
+        parser.error(f"--episodes must be at least 1, got {args.episodes}")
+    if not 16 <= args.image_size <= 640:
+        parser.error(f"--image-size must be between 16 and 640 pixels, got {args.image_size}")
     try:
         tasks = envs.TASKS if args.tasks == "all" else [envs.task_id(t) for t in args.tasks.split(",")]
         if args.contact_sheet:
             contact_sheet(args.contact_sheet, max(args.image_size, 128), args.seed)
         rows = [measure(t, args.episodes, args.seed, args.image_size, args.noise) for t in tasks]
-    except (ValueError, envs.RenderingUnavailable) as e:
-        print(f"error: {e}", file=sys.stderr)
+    except (envs.UnknownTask, envs.RenderingUnavailable) as e:  # bad input or no GL; anything else is a bug
+        print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2
     header = [
         "task",

@@ -26,6 +26,10 @@ SUCCESS_BONUS = 10.0
 INSTRUCTION_CHARSET = string.ascii_lowercase + string.digits + " "
 
 
+class UnknownTask(ValueError):
+    """A task name that is not in the suite (the CLIs report it as one line)."""
+
+
 class TabletopEnv(gym.Env):
     """A language-conditioned tabletop task for a 5-joint arm with a two-finger gripper.
 
@@ -50,7 +54,7 @@ class TabletopEnv(gym.Env):
 
     def __init__(self, task: str, image_size: int = 64, wrist_camera: bool = False, render_mode: str | None = None):
         if task not in TASK_CLASSES:
-            raise ValueError(f"unknown task {task!r}; choose from {sorted(TASK_CLASSES)}")
+            raise UnknownTask(f"unknown task {task!r}; choose from {sorted(TASK_CLASSES)}")
         if not 16 <= image_size <= 640:
             raise ValueError(f"image_size must be between 16 and 640 pixels, got {image_size}")
         self.task_name = task

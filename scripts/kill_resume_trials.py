@@ -15,6 +15,7 @@ from __future__ import annotations
 import argparse
 import json
 import random
+import shutil
 import signal
 import subprocess
 import sys
@@ -55,24 +56,34 @@ def main(argv: list[str] | None = None) -> int:
     reference = finish(root / "reference")
     print(f"reference: final loss {reference['final_loss']:.6f}, {duration:.1f} s", flush=True)
 
-    rng, trials = random.Random(args.seed), []
-    for i in range(args.trials):
-        out = root / f"trial{i}"
-        delay = rng.uniform(0.2, duration)
-        proc = subprocess.Popen(train_cmd(args.data, out, args.config, overrides, False), **quiet)
-        time.sleep(delay)
-        proc.send_signal(signal.SIGKILL)
-        killed = proc.wait() == -signal.SIGKILL  # False: it had already finished
+    rng, trials, attempt = random.Random(args.seed), [], 0
+    while len(trials) < args.trials:
+        out = root / f"trial{len(trials)}"
+        shutil.rmtree(out, ignore_errors=True)
+        attempt += 1
+        delay = rng.uniform(0.5, duration)
+        with open(root / f"attempt{attempt}.log", "w") as log:
+            proc = subprocess.Popen(train_cmd(args.data, out, args.config, overrides, False), stdout=log, stderr=log)
+            try:
+                proc.wait(timeout=delay)  # finished before the kill: not a trial, draw another instant
+                print(f"attempt {attempt}: the run finished before {delay:.1f} s (exit {proc.returncode}); redrawn")
+                duration = min(duration, delay)
+                continue
+            except subprocess.TimeoutExpired:
+                proc.send_signal(signal.SIGKILL)
+                proc.wait()
+        step = json.loads((out / "latest" / "config.json").read_text())["step"] if (out / "latest").exists() else 0
         resumes = 0
         while not (out / "summary.json").exists() or not json.loads((out / "summary.json").read_text())["finished"]:
             resume = (out / "latest").exists()  # killed before the first checkpoint: start again
             subprocess.run(train_cmd(args.data, out, args.config, overrides, resume), check=True, **quiet)
             resumes += 1
         got = finish(out)
-        trial = {"kill_after_s": round(delay, 2), "killed": killed, "resumes": resumes, **got,
+        trial = {"kill_after_s": round(delay, 2), "last_checkpoint_step": step, "resumes": resumes, **got,
                  "exact": got == reference}  # fmt: skip
         trials.append(trial)
-        print(f"trial {i}: kill at {delay:.2f} s -> final loss {got['final_loss']:.6f} exact={trial['exact']}")
+        print(f"trial {len(trials) - 1}: SIGKILL at {delay:.2f} s (last complete checkpoint: step {step}) -> "
+              f"final loss {got['final_loss']:.6f}, exact={trial['exact']}", flush=True)  # fmt: skip
     result = {"reference": reference, "trials": trials, "exact": sum(t["exact"] for t in trials)}
     print(f"{result['exact']}/{len(trials)} resumed runs end exactly at the uninterrupted run's loss and weights")
     if args.json:

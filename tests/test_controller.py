@@ -1,28 +1,92 @@
-"""The real-time loop: action guard, deadlines under injected latency, safe stop, SimRobot, vla-deploy."""
+"""The real-time loop: action guard, deadlines under injected latency, safe stop, SimRobot, vla-deploy.
 
+The loop's timing tests run on a virtual clock (`VirtualClock`: time moves only when something
+sleeps), so every tick, deadline and latency is exact and a test takes no wall time. The async
+loop's worker runs in the same virtual time (`VirtualWorker`); the real worker thread has its own
+test, and the vla-deploy tests run everything for real."""
+
+import contextlib
 import json
-import time
+import threading
 
 import gymnasium as gym
 import numpy as np
 import pytest
 
 import envs  # noqa: F401 - registers the tasks
-from tests.conftest import run_cli
 from vla import deploy
-from vla.controller import ActionGuard, Controller, ControllerConfig
+from vla.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
 from vla.robot import Robot, SimRobot
+
+# ------------------------------------------------------------------------------------- virtual time
+
+
+class VirtualClock:
+    """Seconds that pass only when someone sleeps: `clock()` reads them, `clock.sleep(s)` advances them."""
+
+    def __init__(self):
+        self.now = 0.0
+        self._aside: list[float] | None = None  # sleeps of work done off the loop (see `elsewhere`)
+
+    def __call__(self) -> float:
+        return self.now
+
+    def sleep(self, seconds: float) -> None:
+        if self._aside is not None:
+            self._aside[0] += max(0.0, seconds)
+        else:
+            self.now += max(0.0, seconds)
+
+    @contextlib.contextmanager
+    def elsewhere(self):
+        """Sleeps inside happen on another thread's time: counted (yielded as [seconds]), the loop's clock stays."""
+        self._aside = spent = [0.0]
+        try:
+            yield spent
+        finally:
+            self._aside = None
+
+
+class VirtualWorker:
+    """`InferenceWorker` in virtual time: a job runs at submit (its sleeps counted aside), and its result
+    comes back from `poll` once the clock has passed the instant it would have finished; busy until then."""
+
+    def __init__(self, infer, clock: VirtualClock):
+        self.infer, self.clock = infer, clock
+        self.jobs: list[tuple] = []  # (tick, deadline, actions | exception, t_start, t_done), not yet polled
+
+    def submit(self, obs, tick, deadline) -> bool:
+        if any(done > self.clock() for *_, done in self.jobs):
+            return False
+        start = self.clock()
+        with self.clock.elsewhere() as spent:
+            try:
+                out = self.infer(obs, tick)
+            except Exception as e:  # noqa: BLE001 - handed back like the real worker does
+                out = e
+        self.jobs.append((tick, deadline, out, start, start + spent[0]))
+        return True
+
+    def poll(self) -> list[tuple]:
+        done = [j for j in self.jobs if j[-1] <= self.clock()]
+        self.jobs = [j for j in self.jobs if j[-1] > self.clock()]
+        return done
+
+    def close(self) -> None:
+        pass
+
 
 # ------------------------------------------------------------------------------------- fakes
 
 
 class FakeRobot:
-    """Records what the loop sends; observation content does not matter to the fake policy."""
+    """Records what the loop sends and when it observed; observation content does not matter to the fake policy."""
 
     action_space = gym.spaces.Box(-1.0, 1.0, (4,), np.float32)
     gripper_dims = (3,)
 
-    def __init__(self):
+    def __init__(self, clock: VirtualClock, observe_s: float = 0.0):
+        self.clock, self.observe_s = clock, observe_s
         self.events: list[tuple[str, np.ndarray | None]] = []
         self.observed_at: list[float] = []
 
@@ -30,7 +94,8 @@ class FakeRobot:
         self.events.append(("start", None))
 
     def observe(self):
-        self.observed_at.append(time.perf_counter())
+        self.observed_at.append(self.clock())
+        self.clock.sleep(self.observe_s)
         return {"image": np.zeros((8, 8, 3), np.uint8), "proprio": np.zeros(9, np.float32), "instruction": "go"}
 
     def apply(self, action):
@@ -47,16 +112,16 @@ class FakeRobot:
 
     def sent(self):
         """The commands after start: arrays for applied actions, "hold" for holds."""
-        out = [a if kind == "apply" else kind for kind, a in self.events if kind != "start"]
-        return out
+        return [a if kind == "apply" else kind for kind, a in self.events if kind != "start"]
 
 
 class FakePolicy:
-    """Chunk row r decided at tick t is [t / 100, r / 10, 0, 0.5]; chosen ticks are slow or NaN."""
+    """Chunk row r decided at tick t is [t / 100, r / 10, 0, 0.5]; every call takes `cost_s`, chosen ticks
+    take `slow_s`, chosen ticks give NaN, and `fail_tick` raises."""
 
-    def __init__(self, chunk=3, slow_ticks=(), slow_s=0.07, nan_ticks=(), fail_tick=None):
-        self.chunk, self.slow_ticks, self.slow_s, self.nan_ticks = chunk, set(slow_ticks), slow_s, set(nan_ticks)
-        self.fail_tick = fail_tick
+    def __init__(self, clock, chunk=3, slow_ticks=(), slow_s=0.07, cost_s=0.0, nan_ticks=(), fail_tick=None):
+        self.clock, self.chunk, self.slow_ticks, self.slow_s = clock, chunk, set(slow_ticks), slow_s
+        self.cost_s, self.nan_ticks, self.fail_tick = cost_s, set(nan_ticks), fail_tick
         self.t = 0  # the controller stamps the tick here before each call
 
     def reset(self, instruction):
@@ -66,8 +131,7 @@ class FakePolicy:
         t = self.t
         if t == self.fail_tick:
             raise RuntimeError("policy failed")
-        if t in self.slow_ticks:
-            time.sleep(self.slow_s)
+        self.clock.sleep(self.slow_s if t in self.slow_ticks else self.cost_s)
         rows = np.array([[t / 100, r / 10, 0.0, 0.5] for r in range(self.chunk)], np.float32)
         if t in self.nan_ticks:
             rows[:] = np.nan
@@ -79,11 +143,18 @@ def action(t, r):
     return np.array([t / 100, r / 10, 0.0, 0.5], np.float32)
 
 
-def run(policy, robot=None, **cfg):
-    robot = robot or FakeRobot()
+def run(clock, policy, robot=None, **cfg):
+    """One episode on the virtual clock: 20 Hz, 40 ms budget, 0.5 s unless `cfg` says otherwise."""
+    robot = robot or FakeRobot(clock)
     config = ControllerConfig(**{"hz": 20, "budget_ms": 40, "seconds": 0.5, "warmup": 0, **cfg})
     guard = ActionGuard.from_robot(robot, max_delta=None)  # pass actions through unchanged
-    return Controller(policy, robot, config, guard).run(), robot
+    controller = Controller(policy, robot, config, guard, clock=clock, sleep=clock.sleep, worker=VirtualWorker)
+    return controller.run(), robot
+
+
+@pytest.fixture
+def clock():
+    return VirtualClock()
 
 
 # ------------------------------------------------------------------------------------- guard
@@ -108,8 +179,8 @@ def test_guard_clamps_to_the_action_space():
     assert guard.counts["clamped"] == 1
 
 
-def test_guard_limits_the_rate_of_motion_dims_but_not_the_gripper():
-    robot = FakeRobot()
+def test_guard_limits_the_rate_of_motion_dims_but_not_the_gripper(clock):
+    robot = FakeRobot(clock)
     guard = ActionGuard.from_robot(robot, max_delta=0.25)
     np.testing.assert_allclose(guard([1.0, -1.0, 0.1, 1.0]), [0.25, -0.25, 0.1, 1.0])  # from rest
     np.testing.assert_allclose(guard([1.0, -1.0, 0.1, 1.0]), [0.5, -0.5, 0.1, 1.0])
@@ -124,22 +195,23 @@ def test_guard_limits_the_rate_of_motion_dims_but_not_the_gripper():
 # ------------------------------------------------------------------------------------- deadlines
 
 
-def test_late_inference_falls_back_to_the_next_chunk_action_then_recovers():
-    result, robot = run(FakePolicy(chunk=3, slow_ticks={2}), max_consecutive_misses=0)
+def test_late_inference_falls_back_to_the_next_chunk_action_then_recovers(clock):
+    result, robot = run(clock, FakePolicy(clock, chunk=3, slow_ticks={2}), max_consecutive_misses=0)
     sent = robot.sent()
     np.testing.assert_allclose(sent[0], action(0, 0))
     np.testing.assert_allclose(sent[1], action(1, 0))
     np.testing.assert_allclose(sent[2], action(1, 1))  # tick 2 was late: tick 1's chunk, one step on
-    assert result.sources[:4] == ["policy", "policy", "chunk", "policy"]
-    assert result.deadline_misses == 1 and result.late_inferences == 1
+    np.testing.assert_allclose(sent[3], action(4, 0))  # tick 2 ended at 170 ms, so tick 3 (150 ms) was skipped
+    assert result.sources == ["policy", "policy", "chunk"] + ["policy"] * 6  # ticks 0-2 and 4-9 of a 0.5 s run
+    assert result.deadline_misses == 1 and result.late_inferences == 1 and result.skipped_ticks == 1
     assert result.fallbacks == 1 and result.fallback_kinds == {"chunk": 1, "hold": 0}
-    assert result.skipped_ticks >= 1  # the 70 ms tick overran the 50 ms period
     assert not result.safe_stop and result.end_reason == "time"
-    assert max(result.latency_ms) > 40 and result.latency_ms[0] < 40
+    np.testing.assert_allclose(result.latency_ms, [0, 0, 70, 0, 0, 0, 0, 0, 0], atol=1e-9)
+    np.testing.assert_allclose(result.inference_ms, result.latency_ms, atol=1e-9)  # nothing else costs time here
 
 
-def test_consecutive_misses_hold_then_safe_stop():
-    result, robot = run(FakePolicy(chunk=2, slow_ticks=range(1, 100)), max_consecutive_misses=3)
+def test_consecutive_misses_hold_then_safe_stop(clock):
+    result, robot = run(clock, FakePolicy(clock, chunk=2, slow_ticks=range(1, 100)), max_consecutive_misses=3)
     sent = robot.sent()
     np.testing.assert_allclose(sent[0], action(0, 0))
     np.testing.assert_allclose(sent[1], action(0, 1))  # miss 1: the chunk's next action
@@ -149,53 +221,102 @@ def test_consecutive_misses_hold_then_safe_stop():
     assert result.deadline_misses == 3 and result.max_consecutive_misses_seen == 3
     assert result.fallback_kinds == {"chunk": 1, "hold": 1} and result.fallbacks == 2
     assert result.sources == ["policy", "chunk", "hold", "safe_stop"]
+    assert result.skipped_ticks == 2  # each 70 ms tick overran the 50 ms period by one boundary
+    assert result.elapsed_s == pytest.approx(0.25 + 0.07)  # the safe stop came after tick 5's late inference
 
 
-def test_injected_latency_makes_every_decision_late():
-    result, robot = run(FakePolicy(), inject_latency_ms=60, inject_jitter_ms=5, max_consecutive_misses=2)
+def test_injected_latency_makes_every_decision_late(clock):
+    result, robot = run(clock, FakePolicy(clock), inject_latency_ms=60, inject_jitter_ms=5, max_consecutive_misses=2,
+                        seed=4)  # fmt: skip
     assert robot.sent() == ["hold", "hold", "hold"]  # nothing safe was ever decided: hold in place
     assert result.safe_stop and result.deadline_misses == 2 and result.steps == 2
-    assert all(55 <= ms < 200 for ms in result.inference_ms), result.inference_ms
+    expected = 60 + np.random.default_rng(4).uniform(-5, 5, size=2)  # the seeded jitter, drawn per inference
+    np.testing.assert_allclose(result.inference_ms, expected, rtol=1e-9)
 
 
-def test_nonfinite_policy_output_is_rejected_and_the_last_safe_action_held():
-    result, robot = run(FakePolicy(nan_ticks={2}), seconds=0.2)
+def test_nonfinite_policy_output_is_rejected_and_the_last_safe_action_held(clock):
+    result, robot = run(clock, FakePolicy(clock, nan_ticks={2}), seconds=0.2)
     sent = robot.sent()
     np.testing.assert_allclose(sent[2], sent[1])
     np.testing.assert_allclose(sent[3], action(3, 0))
-    assert result.guard["nonfinite"] == 1 and result.deadline_misses == 0
+    assert result.guard["nonfinite"] == 1 and result.deadline_misses == 0 and result.steps == 4
 
 
-def test_a_policy_error_still_leaves_the_robot_holding():
-    robot = FakeRobot()
+def test_a_policy_error_still_leaves_the_robot_holding(clock):
+    robot = FakeRobot(clock)
     with pytest.raises(RuntimeError, match="policy failed"):
-        run(FakePolicy(fail_tick=2), robot)
-    assert robot.sent()[-1] == "hold"
+        run(clock, FakePolicy(clock, fail_tick=2), robot)
+    assert robot.sent()[-1] == "hold" and len(robot.sent()) == 3  # ticks 0 and 1 applied, then the hold
 
 
-def test_async_acts_on_the_previous_ticks_chunk_while_the_next_is_computed():
-    result, robot = run(FakePolicy(chunk=3), async_inference=True, seconds=0.4)
+def test_async_acts_on_the_previous_ticks_chunk_while_the_next_is_computed(clock):
+    result, robot = run(clock, FakePolicy(clock, chunk=3, cost_s=0.03), async_inference=True, seconds=0.4)
     sent = robot.sent()
+    assert result.steps == 8 and result.sources == ["policy"] * 8 and result.deadline_misses == 0
     np.testing.assert_allclose(sent[0], action(0, 0))  # the first tick fills the pipeline synchronously
     for k in range(1, result.steps):
         np.testing.assert_allclose(sent[k], action(k - 1, 1))  # decided one tick ago, for this tick
-    assert result.deadline_misses == 0 and set(result.sources) == {"policy"}
-    assert max(result.latency_ms) < 40  # the loop never waits for inference
+    np.testing.assert_allclose(result.latency_ms, [30] + [0] * 7, atol=1e-9)  # the loop never waits for inference
+    np.testing.assert_allclose(result.inference_ms, [30] * 7, atol=1e-9)  # tick 7's chunk is never collected
 
 
-def test_async_inference_slower_than_the_budget_ends_in_a_safe_stop():
-    result, _ = run(FakePolicy(), async_inference=True, inject_latency_ms=70, max_consecutive_misses=4, seconds=2)
-    assert result.safe_stop and result.deadline_misses == 4
-    assert result.late_inferences >= 1 and result.fallbacks == 3
+def test_async_inference_slower_than_the_budget_ends_in_a_safe_stop(clock):
+    result, _ = run(clock, FakePolicy(clock), async_inference=True, inject_latency_ms=70, max_consecutive_misses=4,
+                    seconds=2)  # fmt: skip
+    assert result.safe_stop and result.deadline_misses == 4 and result.fallbacks == 3
+    # tick 0 (sync) is late; tick 2's job ends at 170 ms, past its 140 ms deadline; tick 3 finds the worker busy
+    assert result.late_inferences == 2 and result.sources == ["hold", "hold", "hold", "safe_stop"]
+    assert result.skipped_ticks == 1
 
 
-def test_schedule_is_absolute_no_drift():
-    robot = FakeRobot()
-    result, _ = run(FakePolicy(), robot, hz=50, seconds=0.6)
+def test_schedule_is_absolute_no_drift(clock):
+    """Observing (3 ms) and inferring (5 ms) take time every tick; the ticks still start on t0 + k / hz."""
+    robot = FakeRobot(clock, observe_s=0.003)
+    result, _ = run(clock, FakePolicy(clock, cost_s=0.005), robot, hz=50, seconds=0.6)
+    assert result.steps == 30 and result.skipped_ticks == 0
     start = robot.observed_at[1]  # [0] is the observation before the clock starts
-    offsets = np.array(robot.observed_at[1:]) - start - np.arange(result.steps) * 0.02
-    assert 28 <= result.steps <= 30
-    assert abs(offsets[-1]) < 0.015, offsets  # lateness never accumulates
+    np.testing.assert_allclose(np.array(robot.observed_at[1:]) - start, np.arange(30) * 0.02, atol=1e-9)
+    np.testing.assert_allclose(result.latency_ms, 8.0, atol=1e-9)
+
+
+def test_the_real_worker_thread_runs_jobs_off_the_loop_and_hands_back_errors():
+    release = threading.Event()
+    stamps = iter(range(100))
+
+    def infer(obs, tick):
+        assert threading.current_thread().name == "vla-inference"
+        release.wait(10)
+        if obs == "bad":
+            raise RuntimeError("inference failed")
+        return np.full((2, 4), tick, np.float32)
+
+    worker = InferenceWorker(infer, clock=lambda: float(next(stamps)))
+    try:
+        assert worker.submit("obs", tick=3, deadline=9.0)
+        assert not worker.submit("obs", tick=4, deadline=9.0)  # busy: one job at a time
+        assert worker.poll() == []
+        release.set()
+        done = _wait_for(worker)
+        (tick, deadline, out, t_start, t_done), = done  # fmt: skip
+        assert (tick, deadline, t_start, t_done) == (3, 9.0, 0.0, 1.0)
+        np.testing.assert_array_equal(out, np.full((2, 4), 3))
+        assert worker.submit("bad", tick=5, deadline=9.0)  # free again once its result is in
+        (_, _, error, _, _), = _wait_for(worker)  # fmt: skip
+        assert isinstance(error, RuntimeError) and str(error) == "inference failed"
+    finally:
+        worker.close()
+    assert not worker._thread.is_alive()
+
+
+def _wait_for(worker, timeout=10.0):
+    done = threading.Event()
+    results = []
+    for _ in range(int(timeout / 0.01)):
+        results = worker.poll()
+        if results:
+            return results
+        done.wait(0.01)
+    raise AssertionError("the worker thread never finished its job")
 
 
 def test_config_rejects_bad_values():
@@ -207,54 +328,73 @@ def test_config_rejects_bad_values():
 # ------------------------------------------------------------------------------------- SimRobot
 
 
-def test_sim_robot_time_follows_the_wall_clock():
-    robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0)
+def test_sim_robot_time_follows_its_clock(clock):
+    robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0, clock=clock)
     assert isinstance(robot, Robot)
     obs = robot.observe()
     assert obs["image"].shape == (64, 64, 3) and obs["proprio"].shape == (9,) and obs["instruction"]
+    clock.sleep(1.0)
+    robot.observe()
     assert robot.physics_steps == 0  # frozen until start()
     robot.start()
     start_ee = robot.scene.ee_pos
     robot.apply(np.array([1.0, 0.0, 0.0, -1.0], np.float32))
-    time.sleep(0.2)
+    clock.sleep(0.2)
     robot.observe()
-    assert 0.2 <= robot.sim_time < 0.3  # physics advanced by the wall time, in whole 2 ms steps
+    assert 0.2 - robot.dt - 1e-9 < robot.sim_time <= 0.2 + 1e-9  # the clock's time, in whole 2 ms steps
     moved = robot.scene.ee_pos - start_ee
     assert moved[0] > 0.015  # the arm moved under the last command while nobody was deciding
     gripper = robot.scene.data.ctrl[0]
     robot.hold()
-    time.sleep(0.1)
+    clock.sleep(0.1)
     robot.observe()
+    assert 0.3 - robot.dt - 1e-9 < robot.sim_time <= 0.3 + 1e-9  # the remainder below one step is carried, not lost
     np.testing.assert_allclose(robot.scene.data.mocap_pos[0], robot.scene.ee_pos, atol=3e-3)  # holding still
     assert robot.scene.data.ctrl[0] == gripper  # gripper unchanged
-    assert robot.success() in (True, False)
     with pytest.raises(ValueError, match="finite"):
         robot.apply(np.array([np.nan, 0, 0, 0]))
+    robot.close()
+
+
+def test_sim_robot_reports_success_when_the_expert_reaches_the_goal(clock):
+    robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0, clock=clock)
+    expert = envs.make_expert(robot.env, seed=0)
+    robot.start()
+    ticks = 0
+    while not robot.success() and ticks < robot.env.spec.max_episode_steps:
+        robot.apply(expert.act())
+        clock.sleep(1 / envs.CONTROL_HZ)  # one control period of physics per action, as env.step does
+        ticks += 1
+    assert robot.success() is True and 0 < ticks < robot.env.spec.max_episode_steps
     robot.close()
 
 
 # ------------------------------------------------------------------------------------- vla-deploy
 
 
-def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path):
+def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path, capsys):
+    """In process (test_smoke runs vla-deploy as its own process)."""
     out = tmp_path / "deploy.json"
-    r = run_cli("vla.deploy", "--checkpoint", tiny_checkpoint, "--task", "reach", "--hz", 20, "--budget-ms", 50,
-                "--seconds", 1.0, "--json", out, "--inject-latency-ms", "2:1", "--seed", 3)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    argv = ["--checkpoint", str(tiny_checkpoint), "--task", "reach", "--hz", "20", "--budget-ms", "50",
+            "--seconds", "1.0", "--json", str(out), "--inject-latency-ms", "2:1", "--seed", "3"]  # fmt: skip
+    assert deploy.main(argv) == 0
+    stdout = capsys.readouterr().out
     report = json.loads(out.read_text())
     for key in ("p50", "p95", "p99", "max"):
         assert report["latency_ms"][key] > 0
     assert report["latency_ms"]["p50"] <= report["latency_ms"]["p99"] <= report["latency_ms"]["max"]
     assert 1 <= report["steps"] <= 20 and report["steps"] == len(report["ticks"]["latency_ms"])
-    assert isinstance(report["success"], bool) and report["end_reason"] in ("time", "success")
+    assert report["end_reason"] == ("success" if report["success"] is True else "time")
     assert report["hz"] == 20 and report["budget_ms"] == 50 and report["task"] == "tabletop/Reach-v0"
-    assert report["deadline_misses"] >= 0 and report["fallbacks"] >= 0 and not report["safe_stop"]
+    assert not report["safe_stop"] and report["fallbacks"] == sum(report["fallback_kinds"].values())
+    assert report["deadline_misses"] == report["fallbacks"]  # without a safe stop every miss acts on a fallback
+    assert report["ticks"]["source"].count("policy") == report["steps"] - report["deadline_misses"]
     assert set(report["guard"]) == {"nonfinite", "clamped", "rate_limited"} and report["instruction"]
     assert report["inference_ms"]["p50"] >= 1.0  # the injected 2 ± 1 ms
     assert 0.5 < report["sim_time_s"] < 1.5
     png = out.with_suffix(".png")
     assert png.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and png.stat().st_size > 5000
-    assert "latency" in r.stdout and "p99" in r.stdout
+    assert "latency" in stdout and "p99" in stdout
 
 
 def test_deploy_safe_stop_exits_nonzero(tiny_checkpoint, tmp_path, capsys):

@@ -1,5 +1,6 @@
 """The task suite's contract, parametrized over every registered task (dm_control's suite test)."""
 
+import json
 import os
 import subprocess
 import sys
@@ -33,8 +34,11 @@ def run_expert(env, seed, noise=0.0):
 
 
 def test_registered_tasks():
-    assert len(envs.TASKS) >= 4
-    assert {envs.task_id(n) for n in ("reach", "push", "pick_place", "stack")} == set(envs.TASKS)
+    assert envs.TASKS == ["tabletop/Reach-v0", "tabletop/Push-v0", "tabletop/PickPlace-v0", "tabletop/Stack-v0"]
+    assert [envs.task_id(n) for n in ("reach", "push", "pick_place", "stack")] == envs.TASKS
+    assert [envs.task_id(t) for t in envs.TASKS] == envs.TASKS
+    with pytest.raises(envs.UnknownTask, match="unknown task 'fly'"):
+        envs.task_id("fly")
     for task_id in envs.TASKS:
         assert gym.spec(task_id).max_episode_steps > 0
 
@@ -175,3 +179,28 @@ def test_object_px_is_where_the_named_block_appears_in_the_image(env):
         assert 4 <= len(rows) <= 80, len(rows)  # one 4 cm block: a few pixels at 64 px
         centroid = (np.array([rows.mean(), cols.mean()]) + 0.5) / 64 * 2 - 1  # pixel centres, -1..1
         assert np.abs(centroid - px[:2]).max() < 1.5 * 2 / 64, (seed, centroid, px[:2])
+
+
+def test_python_m_envs_writes_its_table_json_and_contact_sheet(tmp_path, capsys):
+    """`python -m envs` at tiny size (in process: the module's main is all `-m` runs)."""
+    from envs.__main__ import main
+
+    out, sheet = tmp_path / "experts.json", tmp_path / "sheet.png"
+    assert main(["--tasks", "reach", "--episodes", "2", "--json", str(out), "--contact-sheet", str(sheet)]) == 0
+    (row,) = json.loads(out.read_text())["rows"]
+    assert row["task"] == "tabletop/Reach-v0" and row["episodes"] == 2
+    assert row["success_rate"] == 1.0  # the noise-free expert solves seeds 0 and 1
+    assert 1 <= row["mean_length"] <= row["max_episode_steps"] == gym.spec("tabletop/Reach-v0").max_episode_steps
+    assert row["steps_per_s_rendered"] > 0 and row["steps_per_s_physics"] > 0
+    assert "| tabletop/Reach-v0 | 100% (2 seeds) |" in capsys.readouterr().out
+    assert sheet.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sheet.stat().st_size > 10_000
+
+
+def test_python_m_envs_bad_input_is_one_line(capsys):
+    from envs.__main__ import main
+
+    assert main(["--tasks", "fly", "--episodes", "1"]) == 2
+    err = capsys.readouterr().err
+    assert err == "python -m envs: error: unknown task 'fly'; choose from " + ", ".join(envs.TASKS) + (
+        " (or reach, push, pick_place, stack)\n"
+    )

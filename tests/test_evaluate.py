@@ -3,11 +3,11 @@
 import json
 import math
 
+import gymnasium as gym
 import numpy as np
 import pytest
 
 import envs
-from tests.conftest import run_cli
 from vla.evaluate import format_table, main, summarize, wilson_interval
 
 
@@ -77,36 +77,51 @@ def test_summarize_shape_and_numbers():
 
 
 def check_contract(result: dict, tasks: list[str], episodes: int):
-    assert set(result["tasks"]) == set(tasks)
-    for r in result["tasks"].values():
-        assert r["episodes"] == episodes and 0.0 <= r["success_rate"] <= 1.0
-        lo, hi = r["ci95"]
-        assert 0.0 <= lo <= r["success_rate"] <= hi <= 1.0
-        assert r["mean_length"] >= 1
+    """The summary agrees with the per-episode outcomes it was made from (DESIGN.md's JSON)."""
+    assert set(result["tasks"]) == set(tasks) == set(result["episodes_detail"])
+    for task, r in result["tasks"].items():
+        eps = result["episodes_detail"][task]
+        wins = sum(e["success"] for e in eps)
+        assert r["episodes"] == len(eps) == episodes and r["success_rate"] == pytest.approx(wins / episodes)
+        assert r["ci95"] == pytest.approx(list(wilson_interval(wins, episodes)))
+        max_steps = gym.spec(task).max_episode_steps
+        assert all(1 <= e["length"] <= max_steps for e in eps)
+        assert r["mean_length"] == pytest.approx(np.mean([e["length"] for e in eps]))
     o = result["overall"]
-    assert o["episodes"] == episodes * len(tasks) and 0.0 <= o["success_rate"] <= 1.0
-    wins = sum(round(r["success_rate"] * r["episodes"]) for r in result["tasks"].values())
-    assert o["success_rate"] == pytest.approx(wins / o["episodes"])
+    wins = sum(e["success"] for eps in result["episodes_detail"].values() for e in eps)
+    assert o["episodes"] == episodes * len(tasks) and o["success_rate"] == pytest.approx(wins / o["episodes"])
+    assert o["ci95"] == pytest.approx(list(wilson_interval(wins, o["episodes"])))
 
 
-def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_path):
+def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_path, capsys):
+    """In process (test_smoke runs vla-eval as its own process)."""
     out, videos = tmp_path / "eval.json", tmp_path / "videos"
-    r = run_cli("vla.evaluate", "--checkpoint", tiny_checkpoint, "--episodes-per-task", 1, "--json", out,
-                "--seed", 7, "--video", videos)  # fmt: skip
-    assert r.returncode == 0, r.stderr
+    assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--json", str(out),
+                 "--seed", "7", "--video", str(videos)]) == 0  # fmt: skip
+    stdout = capsys.readouterr().out
     result = json.loads(out.read_text())
     trained = json.loads((tiny_checkpoint / "config.json").read_text())["tasks"]
     check_contract(result, trained, 1)
     assert sorted(trained) == sorted(envs.TASKS)
     assert len(list(videos.glob("*.mp4"))) == len(trained)
-    assert "| task | success |" in r.stdout and "**overall**" in r.stdout
+    assert "| task | success |" in stdout and "**overall**" in stdout
 
 
-def test_vla_eval_parallel_workers(tiny_checkpoint, tmp_path):
+def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_checkpoint, tmp_path):
     out = tmp_path / "eval.json"
-    assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "3", "--json", str(out),
-                 "--tasks", "reach", "--workers", "2"]) == 0  # fmt: skip
-    check_contract(json.loads(out.read_text()), ["tabletop/Reach-v0"], 3)
+    assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "2", "--json", str(out),
+                 "--tasks", "reach", "--workers", "2", "--device", "cpu", "--no-kv-cache",
+                 "--policy", "readout=argmax", "--policy", "temporal_ensemble=false"]) == 0  # fmt: skip
+    result = json.loads(out.read_text())
+    check_contract(result, ["tabletop/Reach-v0"], 2)  # one episode in each worker
+    ran = result["policy"]  # what every worker built (they must agree)
+    assert (ran["device"], ran["kv_cache"], ran["readout"], ran["temporal_ensemble"]) == ("cpu", False, "argmax", False)
+
+
+def test_vla_eval_refuses_an_unknown_policy_setting(tiny_checkpoint, capsys):
+    assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--tasks", "reach",
+                 "--policy", "readot=argmax"]) == 2  # fmt: skip
+    assert "unknown key 'policy.readot'; did you mean 'readout'?" in capsys.readouterr().err
 
 
 @pytest.mark.parametrize(
@@ -114,6 +129,9 @@ def test_vla_eval_parallel_workers(tiny_checkpoint, tmp_path):
     [
         (["--episodes-per-task", "0"], "at least 1"),
         (["--tasks", "fly"], "unknown task"),
+        (["--workers", "0"], "--workers must be at least 1"),
+        (["--device", "gpu0"], "--device gpu0"),
+        (["--attention", "x", "--attention-steps", "0,ten"], "--attention-steps"),
     ],
 )
 def test_vla_eval_bad_input_is_one_line_and_exit_2(tiny_checkpoint, capsys, args, message):

@@ -1,29 +1,91 @@
-"""What every console script shares: user-facing errors become one line on stderr and exit code 2."""
+"""What every console script shares: user errors become one line on stderr and exit 2, bugs keep their traceback.
+
+A user error is an instance of one of `user_errors()`: the project's own types for bad input
+(`UserError` and its subclasses, bad configs, datasets, checkpoints, task names, no GL for rendering)
+and the OS errors that mean a path the user gave is wrong. A plain ValueError/KeyError/OSError is
+not one of them: it is a bug until the code that checks the input says otherwise, so it propagates.
+"""
 
 from __future__ import annotations
 
+import os
 import sys
 from collections.abc import Callable
+
+# OSErrors that point at a path the user gave (missing, a directory, not writable), not at a bug.
+PATH_ERRORS: tuple[type[OSError], ...] = (
+    FileNotFoundError,
+    FileExistsError,
+    IsADirectoryError,
+    NotADirectoryError,
+    PermissionError,
+)
 
 
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input or environment (not a bug): reported in one line."""
+    from envs import UnknownTask
     from envs.rendering import RenderingUnavailable
     from vla.checkpoint import CheckpointError
     from vla.config import ConfigError
+    from vla.errors import UserError
     from vla.hdf5_format import DatasetError
 
-    return (ConfigError, DatasetError, CheckpointError, RenderingUnavailable, ValueError, KeyError, OSError)
+    return (UserError, ConfigError, DatasetError, CheckpointError, RenderingUnavailable, UnknownTask, *PATH_ERRORS)
 
 
-def run(prog: str, body: Callable[[], int | None]) -> int:
+def one_line(e: BaseException) -> str:
+    """The exception's message on one line (HDF5 and OS messages can span several)."""
+    return " ".join(str(e).split()) or type(e).__name__
+
+
+def run(prog: str, body: Callable[[], int | None], interrupted: str = "interrupted") -> int:
     """Run a CLI body; a user error prints `prog: error: ...` and returns 2, a bug still shows a traceback."""
     try:
         return int(body() or 0)
     except KeyboardInterrupt:
-        print(f"{prog}: interrupted", file=sys.stderr)
+        print(f"{prog}: {interrupted}", file=sys.stderr)
         return 130
+    except BrokenPipeError:  # `prog ... | head`: the reader has gone; stop quietly
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        return 141
     except user_errors() as e:
-        message = str(e).strip().strip("'\"") or type(e).__name__
-        print(f"{prog}: error: {message}", file=sys.stderr)
+        print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
         return 2
+
+
+def device(text: str | None):
+    """A `--device` flag checked up front: None/"auto" stays None (CUDA when present), else a device that exists."""
+    if text is None or text == "auto":
+        return None
+    from vla.errors import UserError
+    from vla.policy import pick_device
+
+    try:
+        return pick_device(text)
+    except (RuntimeError, ValueError) as e:  # torch: not a device name; pick_device: no CUDA on this machine
+        raise UserError(f"--device {text}: {one_line(e)}") from None
+
+
+def add_policy_overrides(parser) -> None:
+    """`--policy KEY=VALUE` (repeatable): PolicyConfig fields that replace the checkpoint's saved ones."""
+    parser.add_argument(
+        "--policy", action="append", default=[], metavar="KEY=VALUE",
+        help="policy setting saved with the checkpoint to override, e.g. readout=argmax, temporal_ensemble=false, "
+        "n_action_steps=4 (repeatable; see vla/policy_config.py)",
+    )  # fmt: skip
+
+
+def policy_overrides(items: list[str]) -> dict:
+    """Parse `--policy KEY=VALUE` items (YAML scalars: 4, false, 0.5); the keys are checked by load_policy."""
+    import yaml
+
+    from vla.config import ConfigError
+
+    out = {}
+    for item in items:
+        key, sep, text = item.partition("=")
+        if not sep or not key:
+            raise ConfigError(f"--policy {item!r} is not of the form KEY=VALUE (e.g. readout=argmax)")
+        out[key.strip()] = yaml.safe_load(text)
+    return out

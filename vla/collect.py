@@ -47,6 +47,8 @@ os.environ.setdefault("MUJOCO_GL", "egl")  # before anything imports mujoco (wor
 import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
+from vla import cli  # noqa: E402
+from vla.errors import UserError  # noqa: E402
 from vla.hdf5_format import (  # noqa: E402
     DatasetError,
     Episode,
@@ -67,7 +69,7 @@ PART_SUFFIX = ".hdf5"
 FAILED_SUFFIX = ".failed.json"
 
 
-class CollectError(Exception):
+class CollectError(UserError):
     """A problem with the request or the files, phrased for the user."""
 
 
@@ -522,11 +524,9 @@ def resolve_tasks(spec: str) -> list[str]:
     tasks = []
     for name in (s.strip() for s in spec.split(",") if s.strip()):
         try:
-            tid = envs.task_id(name) if hasattr(envs, "task_id") else name
-        except ValueError as e:
-            raise CollectError(str(e)) from None
-        if tid not in envs.TASKS:
-            raise CollectError(f"unknown task {name!r}; choose from {', '.join(envs.TASKS)} or 'all'")
+            tid = envs.task_id(name)
+        except envs.UnknownTask:
+            raise CollectError(f"unknown task {name!r}; choose from {', '.join(envs.TASKS)} or 'all'") from None
         if tid not in tasks:
             tasks.append(tid)
     if not tasks:
@@ -568,29 +568,23 @@ def build_parser() -> argparse.ArgumentParser:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        for name, v in (("--episodes-per-task", args.episodes_per_task), ("--workers", args.workers)):
-            if v < 1:
-                raise CollectError(f"{name} must be at least 1, got {v}")
-        if not 0 <= args.valid_fraction < 1:
-            raise CollectError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
-        if args.noise < 0:
-            raise CollectError(f"--noise must be >= 0, got {args.noise}")
-        out = Path(args.out)
-        if out.is_dir():
-            raise CollectError(f"--out {out} is a directory; give a file name like {out}/demo.hdf5")
-        if not out.parent.is_dir():
-            raise CollectError(f"--out: directory {out.parent} does not exist")
-        return Collector(args, resolve_tasks(args.tasks)).run()
-    except CollectError as e:
-        print(f"vla-collect: error: {e}", file=sys.stderr)
-        return 2
-    except KeyboardInterrupt:
-        print("vla-collect: interrupted; rerun with --resume to complete the dataset", file=sys.stderr)
-        return 130
-    except (OSError, ValueError) as e:
-        print(f"vla-collect: error: {type(e).__name__}: {e}", file=sys.stderr)
-        return 2
+    return cli.run("vla-collect", lambda: _run(args), "interrupted; rerun with --resume to complete the dataset")
+
+
+def _run(args: argparse.Namespace) -> int:
+    for name, v in (("--episodes-per-task", args.episodes_per_task), ("--workers", args.workers)):
+        if v < 1:
+            raise CollectError(f"{name} must be at least 1, got {v}")
+    if not 0 <= args.valid_fraction < 1:
+        raise CollectError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
+    if args.noise < 0:
+        raise CollectError(f"--noise must be >= 0, got {args.noise}")
+    out = Path(args.out)
+    if out.is_dir():
+        raise CollectError(f"--out {out} is a directory; give a file name like {out}/demo.hdf5")
+    if not out.parent.is_dir():
+        raise CollectError(f"--out: directory {out.parent} does not exist")
+    return Collector(args, resolve_tasks(args.tasks)).run()
 
 
 if __name__ == "__main__":

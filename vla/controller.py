@@ -39,6 +39,7 @@ from dataclasses import asdict, dataclass, field
 
 import numpy as np
 
+from vla.config import ConfigError
 from vla.robot import Robot
 
 
@@ -70,7 +71,7 @@ class ControllerConfig:
         ]
         for ok, message in checks:
             if not ok:
-                raise ValueError(message)
+                raise ConfigError(message)
 
     @property
     def period_s(self) -> float:
@@ -190,8 +191,13 @@ def percentiles(values) -> dict:
     return {"p50": float(p50), "p95": float(p95), "p99": float(p99), "max": float(v.max()), "mean": float(v.mean())}
 
 
-class _Worker:
-    """One background thread that runs `infer(obs, tick)` on the observations it is handed."""
+class InferenceWorker:
+    """One background thread that runs `infer(obs, tick)` on the observations it is handed.
+
+    The interface the async loop uses: `submit(obs, tick, deadline) -> bool` (False while busy),
+    `poll() -> [(tick, deadline, actions | exception, t_start, t_done)]` (results since the last
+    poll, stamped with `clock`), and `close()`.
+    """
 
     def __init__(self, infer: Callable, clock: Callable[[], float]):
         self._infer, self._clock = infer, clock
@@ -252,11 +258,14 @@ class Controller:
         guard: ActionGuard | None = None,
         clock: Callable[[], float] = time.perf_counter,
         sleep: Callable[[float], None] = time.sleep,
+        worker: Callable[[Callable, Callable[[], float]], InferenceWorker] = InferenceWorker,
     ):
+        """`clock`/`sleep` are the loop's time (seconds) and `worker(infer, clock)` builds the async inference
+        worker: injectable so that tests run the schedule on a virtual clock, deterministic and instant."""
         self.policy, self.robot = policy, robot
         self.cfg = config or ControllerConfig()
         self.guard = guard or ActionGuard.from_robot(robot)
-        self.clock, self.sleep = clock, sleep
+        self.clock, self.sleep, self.make_worker = clock, sleep, worker
         self._rng = np.random.default_rng(self.cfg.seed)
 
     def _infer(self, obs: dict, tick: int) -> np.ndarray:
@@ -283,7 +292,7 @@ class Controller:
         guard.reset()
         period, budget = cfg.period_s, cfg.budget_ms / 1e3
         fresh_age = max(1, math.ceil(budget / period - 1e-9)) if cfg.async_inference else 0
-        worker = _Worker(self._infer, self.clock) if cfg.async_inference else None
+        worker = self.make_worker(self._infer, self.clock) if cfg.async_inference else None
         current: _Chunk | None = None  # the newest on-time chunk
         consecutive = 0
         robot.start()

@@ -15,12 +15,15 @@ import json
 import os
 import sys
 from collections import Counter, defaultdict
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any, NoReturn
 
 import h5py
 import numpy as np
 
+from vla import cli
+from vla.errors import UserError
 from vla.hdf5_format import (
     DEMO_PREFIX,
     DatasetError,
@@ -35,8 +38,18 @@ from vla.hdf5_format import (
 )
 
 
-class CliError(Exception):
-    """One line for the user; the CLI prints it and exits non-zero."""
+class CliError(UserError):
+    """One line for the user; the CLI prints it and exits 2."""
+
+
+@contextlib.contextmanager
+def _reading(path: str | os.PathLike) -> Iterator[None]:
+    """Reading a dataset the user gave: a missing key or an unreadable chunk is a damaged file, not a bug."""
+    try:
+        yield
+    except (KeyError, OSError, ValueError) as e:  # h5py: missing member, failed checksum; json: bad attribute
+        reason = f"{type(e).__name__}: {cli.one_line(e)}"
+        raise DatasetError(f"{path}: cannot read ({reason}); run `vla-data validate {path}`") from e
 
 
 class _Parser(argparse.ArgumentParser):
@@ -49,7 +62,7 @@ class _Parser(argparse.ArgumentParser):
 
 def summarize(path: str | os.PathLike) -> dict[str, Any]:
     """What `vla-data info` prints: per-task demos/steps, instructions, shapes, action statistics."""
-    with open_dataset(path) as f:
+    with open_dataset(path) as f, _reading(path):
         names = demo_names(f)
         tasks: dict[str, dict[str, Any]] = defaultdict(lambda: {"demos": 0, "steps": 0, "successes": 0})
         instructions: dict[str, Counter] = defaultdict(Counter)
@@ -252,7 +265,7 @@ def replay(path: str | os.PathLike, demo: str, video: str | None = None, scale: 
 
     import envs  # noqa: F401  (registers the tasks)
 
-    with open_dataset(path) as f:
+    with open_dataset(path) as f, _reading(path):
         name = _demo_name(f, demo)
         env_args = read_env_args(f)
         m = demo_meta(f, name)
@@ -468,18 +481,7 @@ def _run(args: argparse.Namespace) -> int:
 
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
-    try:
-        return _run(args)
-    except BrokenPipeError:  # `vla-data info FILE | head`: stop quietly
-        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
-        return 141
-    except (CliError, DatasetError) as e:
-        print(f"vla-data: error: {e}", file=sys.stderr)
-    except KeyError as e:
-        print(f"vla-data: error: missing key {e} in {getattr(args, 'file', '')}", file=sys.stderr)
-    except (OSError, ValueError, TypeError, RuntimeError) as e:
-        print(f"vla-data: error: {type(e).__name__}: {' '.join(str(e).split())}", file=sys.stderr)
-    return 2
+    return cli.run("vla-data", lambda: _run(args))
 
 
 if __name__ == "__main__":

@@ -19,6 +19,7 @@ import sys
 from pathlib import Path
 
 from vla import cli
+from vla.errors import UserError
 
 SAFE_STOP_EXIT = 3
 
@@ -100,6 +101,7 @@ def main(argv: list[str] | None = None) -> int:
         "--async", dest="async_inference", action="store_true", help="infer the next chunk in a worker thread"
     )
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window every tick")
+    cli.add_policy_overrides(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
     parser.add_argument(
         "--threads",
@@ -119,9 +121,9 @@ def _run(args) -> int:
 
     latency, jitter = args.inject_latency_ms
     if args.max_delta < 0:
-        raise ValueError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
+        raise UserError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
     if args.threads is not None and args.threads < 1:
-        raise ValueError(f"--threads must be at least 1, got {args.threads}")
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
     config = ControllerConfig(  # validates hz, budget, seconds, misses before anything heavy loads
         hz=args.hz,
         budget_ms=args.budget_ms,
@@ -142,7 +144,8 @@ def _run(args) -> int:
     from vla.policy import load_policy
     from vla.robot import SimRobot
 
-    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+    overrides = cli.policy_overrides(args.policy) | ({"kv_cache": False} if args.no_kv_cache else {})
+    policy = load_policy(args.checkpoint, device=cli.device(args.device), **overrides)
     if args.threads is not None or policy.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     robot = SimRobot(gym.make(task, image_size=policy.spec.image_size), seed=args.seed)

@@ -4,7 +4,8 @@ Runs the policy on every task it was trained on, with seeds it has not seen (`--
 100000, far from the collector's), and reports the success rate per task with a Wilson 95% interval,
 the mean episode length, and the overall rate, as a table and as JSON:
     {"tasks": {ID: {"success_rate", "episodes", "ci95": [lo, hi], "mean_length"}},
-     "overall": {"success_rate", "episodes", "ci95"}}
+     "overall": {"success_rate", "episodes", "ci95"},
+     "policy": {"device", "kv_cache", "readout", ...}}   (the settings the policy ran with, in every worker)
 `--instructions` probes language grounding: "swap_colour" names a distractor block instead of the
 target, "other_task" gives the instruction of another task in the same scene; a policy that reads
 the instruction should then fail.
@@ -23,6 +24,7 @@ from pathlib import Path
 import numpy as np
 
 from vla import cli
+from vla.errors import UserError
 
 EVAL_SEED = 100_000  # first evaluation seed; the collector counts up from its own (small) seeds
 
@@ -100,6 +102,11 @@ def run_episode(env, policy, seed: int, instructions: str = "own", record: bool 
     return {"success": success, "length": length, "instruction": instruction, "frames": frames}
 
 
+def video_path(video_dir: str | Path, task: str, seed: int, success: bool) -> Path:
+    """Where an episode's video goes: <dir>/<Task-v0>_seed<S>_<success|fail>.mp4."""
+    return Path(video_dir) / f"{task.split('/')[-1]}_seed{seed}_{'success' if success else 'fail'}.mp4"
+
+
 def save_video(path: str | Path, frames: list[np.ndarray], fps: int = 20, scale: int = 4) -> None:
     import imageio.v2 as imageio
 
@@ -134,8 +141,7 @@ def evaluate(
             record = video_dir is not None and i < videos_per_task
             ep = run_episode(env, policy, seed + i, instructions, record)
             if record:
-                name = f"{task.split('/')[-1]}_seed{seed + i}_{'success' if ep['success'] else 'fail'}.mp4"
-                save_video(Path(video_dir) / name, ep["frames"])
+                save_video(video_path(video_dir, task, seed + i, ep["success"]), ep["frames"])
             ep.pop("frames")
             outcomes[task].append(ep)
             bar.update(1)
@@ -150,14 +156,21 @@ def evaluate(
     return result
 
 
-def _worker(job: tuple) -> tuple[str, list[dict]]:
-    checkpoint, task, seeds, instructions, image_size, video_dir, n_videos = job
+def policy_info(policy) -> dict:
+    """How the evaluated policy runs (reported in the JSON, and checked equal across workers)."""
+    from vla.config import to_dict
+
+    return {"device": str(policy.device), **to_dict(policy.config)}
+
+
+def _worker(job: tuple) -> tuple[str, list[dict], dict]:
+    checkpoint, policy_kwargs, task, seeds, instructions, image_size, video_dir, n_videos = job
     import torch
 
     torch.set_num_threads(1)
     from vla.policy import load_policy
 
-    policy = load_policy(checkpoint, device="cpu")
+    policy = load_policy(checkpoint, **policy_kwargs)
     import gymnasium as gym
 
     import envs  # noqa: F401
@@ -168,15 +181,18 @@ def _worker(job: tuple) -> tuple[str, list[dict]]:
         record = video_dir is not None and k < n_videos
         ep = run_episode(env, policy, s, instructions, record)
         if record:
-            name = f"{task.split('/')[-1]}_seed{s}_{'success' if ep['success'] else 'fail'}.mp4"
-            save_video(Path(video_dir) / name, ep["frames"])
+            save_video(video_path(video_dir, task, s, ep["success"]), ep["frames"])
         eps.append({"success": ep["success"], "length": ep["length"]})
     env.close()
-    return task, eps
+    return task, eps, policy_info(policy)
 
 
-def evaluate_parallel(checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers) -> dict:
-    """Split (task, seed) jobs over `workers` processes, each with its own policy copy."""
+def evaluate_parallel(
+    checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers, policy_kwargs: dict | None = None
+) -> dict:
+    """Split (task, seed) jobs over `workers` processes, each with its own policy copy.
+
+    `policy_kwargs` go to every worker's `load_policy` (device, kv_cache), as in the single-process path."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -187,13 +203,20 @@ def evaluate_parallel(checkpoint, tasks, episodes, seed, instructions, image_siz
         seeds = [seed + i for i in range(episodes)]
         for k in range(0, episodes, per_job):
             n_videos = 2 if k == 0 else 0
-            jobs.append((str(checkpoint), task, seeds[k : k + per_job], instructions, image_size, video_dir, n_videos))
+            job = (str(checkpoint), policy_kwargs or {}, task, seeds[k : k + per_job], instructions, image_size,
+                   video_dir, n_videos)  # fmt: skip
+            jobs.append(job)
     outcomes: dict[str, list[dict]] = {t: [] for t in tasks}
+    infos = []
     with mp.get_context("spawn").Pool(workers) as pool:
-        for task, eps in tqdm(pool.imap_unordered(_worker, jobs), total=len(jobs), desc="eval", file=sys.stderr):
+        for task, eps, info in tqdm(pool.imap_unordered(_worker, jobs), total=len(jobs), desc="eval", file=sys.stderr):
             outcomes[task].extend(eps)
+            infos.append(info)
+    if any(info != infos[0] for info in infos):
+        raise RuntimeError(f"the eval workers ran different policy settings: {infos}")
     result = summarize(outcomes)
     result["episodes_detail"] = outcomes
+    result["policy"] = infos[0]
     return result
 
 
@@ -227,6 +250,7 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
+    cli.add_policy_overrides(parser)
     parser.add_argument(
         "--instructions",
         choices=["own", "swap_colour", "other_task"],
@@ -249,8 +273,13 @@ def _run(args) -> int:
     from vla.policy import load_policy
 
     if args.episodes_per_task < 1:
-        raise ValueError("--episodes-per-task must be at least 1")
-    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+        raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
+    if args.workers < 1:
+        raise UserError(f"--workers must be at least 1, got {args.workers}")
+    policy_kwargs = {"device": cli.device(args.device), **cli.policy_overrides(args.policy)}
+    if args.no_kv_cache:
+        policy_kwargs["kv_cache"] = False
+    policy = load_policy(args.checkpoint, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)
@@ -261,7 +290,11 @@ def _run(args) -> int:
     if args.attention:
         from vla.attention import attention_rollout
 
-        steps = [int(s) for s in args.attention_steps.split(",") if s.strip()]
+        try:
+            steps = [int(s) for s in args.attention_steps.split(",") if s.strip()]
+        except ValueError:
+            got = args.attention_steps
+            raise UserError(f"--attention-steps: expected comma-separated integers, got {got!r}") from None
         for task in tasks:
             paths = attention_rollout(policy, task, args.seed, steps, args.attention)
             print(f"{task}: {len(paths)} attention figures in {args.attention}")
@@ -272,7 +305,7 @@ def _run(args) -> int:
     if args.workers > 1:
         result = evaluate_parallel(
             args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
-            image_size, args.video, args.workers,
+            image_size, args.video, args.workers, policy_kwargs,
         )  # fmt: skip
     else:
         result = evaluate(
@@ -284,6 +317,7 @@ def _run(args) -> int:
             args.video,
             image_size=image_size,
         )
+        result["policy"] = policy_info(policy)
     result["seconds"] = time.perf_counter() - start
     result["instructions"] = args.instructions
     result["checkpoint"] = str(args.checkpoint)

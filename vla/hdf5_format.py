@@ -389,7 +389,11 @@ def read_demo(f: h5py.File, name: str, keys: ObsKeys = ObsKeys(), images: bool =
     """Read one demo into memory, mapping observation keys through `keys`."""
     g = f["data"][name]
     meta = demo_meta(f, name, keys)
+    if "obs" not in g:
+        raise DatasetError(f"{f.filename}: {name} has no obs group")
     obs = g["obs"]
+    if images and keys.wrist_image and keys.wrist_image not in obs:
+        raise DatasetError(f"{f.filename}: {name}/obs has no '{keys.wrist_image}' (the wrist camera key)")
     if keys.actions not in g:
         raise DatasetError(f"{f.filename}: {name} has no '{keys.actions}' (collect with --noise for expert_actions)")
     for k in (*keys.proprio, *((keys.image,) if images else ())):

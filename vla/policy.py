@@ -30,7 +30,10 @@ def pick_device(device: str | torch.device | None = None) -> torch.device:
     """CUDA when present, else CPU; an explicit choice wins (and must exist)."""
     if device is None or str(device) == "auto":
         return torch.device("cuda" if torch.cuda.is_available() else "cpu")
-    device = torch.device(device)
+    try:
+        device = torch.device(device)
+    except RuntimeError as e:
+        raise ConfigError(f"device {device!r} is not a torch device ({e}); use auto, cpu or cuda") from None
     if device.type == "cuda" and not torch.cuda.is_available():
         raise ConfigError("device 'cuda' was requested but no CUDA device is available")
     return device

@@ -15,6 +15,14 @@ from vla.checkpoint import save_json
 from vla.config import to_dict
 
 
+def _record_step(line: str) -> int | None:
+    """The step of a metrics.jsonl line, or None for a line that is not a whole JSON record."""
+    try:
+        return int(json.loads(line).get("step", 0))
+    except (json.JSONDecodeError, AttributeError, TypeError, ValueError):
+        return None
+
+
 class RunLog:
     enabled = True
 
@@ -29,8 +37,9 @@ class RunLog:
             self._hparams(cfg)
         path = out / "metrics.jsonl"
         kept = []
-        if resumed and path.exists():
-            kept = [ln for ln in path.read_text().splitlines() if ln and json.loads(ln).get("step", 0) <= start_step]
+        if resumed and path.exists():  # a kill can cut the last line short: only whole records are kept
+            kept = [ln for ln in path.read_text().splitlines() if _record_step(ln) is not None]
+            kept = [ln for ln in kept if _record_step(ln) <= start_step]
         path.write_text("".join(ln + "\n" for ln in kept))
         self.metrics = path.open("a")
         self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)

@@ -18,6 +18,7 @@ import torch
 from vla.augment import random_shift
 from vla.config import from_dict, load_yaml
 from vla.dataset import EpochSampler, WindowDataset, fit_tokenizers
+from vla.errors import UserError
 from vla.hdf5_format import ObsKeys
 from vla.train_config import TrainConfig
 
@@ -27,6 +28,7 @@ def add_arguments(p) -> None:
     p.add_argument("--config", default="configs/demo.yaml", help="training preset (window, chunk, batch size)")
     p.add_argument("--batches", type=int, default=30, help="timed batches per loader setting (default 30)")
     p.add_argument("--workers", type=int, default=2, help="DataLoader workers for the lazy+workers row")
+    p.add_argument("--trainer-steps", type=int, default=8, help="timed trainer steps for the peer (default 8)")
 
 
 def _ensure_data(path: Path) -> Path:
@@ -37,7 +39,7 @@ def _ensure_data(path: Path) -> Path:
     out = Path(tempfile.mkdtemp()) / "bench.hdf5"
     print(f"{path} not found: collecting a small dataset into {out}")
     if collect(["--tasks", "all", "--episodes-per-task", "10", "--out", str(out), "--quiet"]) != 0:
-        raise ValueError("could not collect a dataset for the benchmark")
+        raise UserError(f"{path} not found, and collecting a small dataset into {out} failed")
     return out
 
 
@@ -59,6 +61,13 @@ def loader_rate(dataset, batch_size: int, batches: int, workers: int, shift: int
 def run(args) -> dict:
     from vla.bench.train import measure_ours
 
+    for flag, value in (
+        ("--batches", args.batches),
+        ("--workers", args.workers),
+        ("--trainer-steps", args.trainer_steps),
+    ):
+        if value < 1:
+            raise UserError(f"{flag} must be at least 1, got {value}")
     cfg = from_dict(TrainConfig, load_yaml(args.config))
     path = _ensure_data(Path(args.data))
     keys = ObsKeys()
@@ -77,7 +86,7 @@ def run(args) -> dict:
             "windows_per_s": loader_rate(ds, B, args.batches, workers, cfg.data.augment_shift),
             "build_s": build,
         }
-    trainer = measure_ours(cfg, B, warmup=2, steps=8)
+    trainer = measure_ours(cfg, B, warmup=2, steps=args.trainer_steps)
     for r in rows.values():
         r["headroom_over_trainer"] = r["windows_per_s"] / trainer["samples_per_s"]
     return {

@@ -38,7 +38,9 @@ from dataclasses import asdict, replace
 import numpy as np
 import torch
 
+from vla import cli
 from vla.config import apply_overrides, from_dict, load_yaml
+from vla.errors import UserError
 from vla.model import ActionTransformer, DataSpec, ModelConfig, TokenLayout
 
 # The data of our tabletop tasks: 64x64 frames, 9 proprio values, 4 action dims, the named block's and its
@@ -59,7 +61,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     p.add_argument("--equivalence-steps", type=int, default=None, help="episode length for max_abs_diff (5K)")
-    p.add_argument("--device", default="cpu", help="torch device (default cpu)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, auto (default cpu)")
     p.add_argument("--seed", type=int, default=0)
     p.add_argument("overrides", nargs="*", metavar="key=value", help="model config overrides, e.g. n_layer=2")
 
@@ -288,8 +290,10 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
 
 
 def run(args) -> dict:
+    if args.steps < 1:
+        raise UserError(f"--steps must be at least 1, got {args.steps}")
     cfg = build_config(args)
-    device = torch.device(args.device)
+    device = cli.device(args.device) or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = args.threads if args.threads is not None else usable
     torch.set_num_threads(threads)

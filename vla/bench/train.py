@@ -21,6 +21,7 @@ import torch.nn as nn
 from vla.augment import random_shift
 from vla.bench.latency import TABLETOP
 from vla.config import from_dict, load_yaml
+from vla.errors import UserError
 from vla.model import ActionTransformer, TokenLayout
 from vla.model_card import model_card
 from vla.train import total_loss
@@ -33,6 +34,9 @@ def add_arguments(p) -> None:
     p.add_argument("--warmup", type=int, default=3, help="untimed steps first (default 3)")
     p.add_argument("--batch-size", type=int, default=None, help="override the preset's batch size")
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: torch's choice)")
+    p.add_argument(
+        "--peak-seconds", type=float, default=1.5, help="time spent finding the matmul peak, s (default 1.5)"
+    )
 
 
 def matmul_peak(seconds: float = 1.5, n: int = 1024) -> float:
@@ -41,7 +45,7 @@ def matmul_peak(seconds: float = 1.5, n: int = 1024) -> float:
     for _ in range(3):
         a @ b
     best, end = 0.0, time.perf_counter() + seconds
-    while time.perf_counter() < end:
+    while best == 0.0 or time.perf_counter() < end:  # at least one timed round
         t0 = time.perf_counter()
         for _ in range(4):
             a @ b
@@ -145,7 +149,10 @@ def run(args) -> dict:
         torch.set_num_threads(args.threads)
     cfg = from_dict(TrainConfig, load_yaml(args.config))
     batch_size = args.batch_size or cfg.train.batch_size
-    peak = matmul_peak()
+    if args.steps < 1 or args.warmup < 0 or args.peak_seconds <= 0:
+        raise UserError(f"need --steps >= 1, --warmup >= 0, --peak-seconds > 0; got {args.steps}, {args.warmup}, "
+                        f"{args.peak_seconds}")  # fmt: skip
+    peak = matmul_peak(args.peak_seconds)
     ours = measure_ours(cfg, batch_size, args.warmup, args.steps)
     lay = TokenLayout(cfg.model, TABLETOP)
     plain = measure_plain(lay, batch_size, args.warmup, args.steps)
