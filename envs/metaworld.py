@@ -357,4 +357,3 @@ def bench_render(task: str = "reach-v3", size: int = 64, frames: int = 100) -> d
     fast_ms = per_frame(lambda: env._renderer.render(env._mw.data))
     env.close()
     return {"task": task, "image_size": size, "stock_ms": stock_ms, "fast_ms": fast_ms}
-
