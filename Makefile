@@ -12,12 +12,13 @@ STAMP := $(VENV)/.setup-stamp
 QUIET := { grep -v -e "^WARNING: Location" -e "^\s*$$" || true; }
 export MUJOCO_GL ?= egl
 
-.PHONY: setup demo test lint bench clean-demo help
+.PHONY: setup demo test lint bench clean-demo help metaworld
 help:
 	@echo "make demo   collect demos, train, evaluate and deploy the demo policy (CPU, ~30 min)"
 	@echo "make test   run the test suite (what CI runs)"
 	@echo "make lint   ruff check"
 	@echo "make bench  vla-bench: latency, train, data and collect figures side by side with peers"
+	@echo "make metaworld  Meta-World MT10: collect, train, evaluate into runs/metaworld/ (resumable)"
 
 setup: $(STAMP)
 
@@ -47,6 +48,9 @@ lint: setup
 
 bench: setup
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/bench.sh
+
+metaworld: setup
+	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/metaworld.sh
 
 clean-demo:
 	rm -rf runs/demo data/demo.hdf5
