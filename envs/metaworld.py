@@ -20,9 +20,10 @@ What changes from Meta-World's own env, and why:
   are truncated at MAX_EPISODE_STEPS (Meta-World's 500 is 3-10x what its experts need).
 - Rendering is ours (envs.rendering: its GL context is made current before every render, so several envs
   in one process each get their own frames) with the costly parts off: no shadows, no multisampling, no
-  reflections, the offscreen buffer sized to the image. Measured on the 2-core dev box, EGL (Mesa, in
-  software), 64x64, reach-v3: stock scene through gymnasium's renderer 80 ms/frame, this one 5.7 ms
-  (`python -m envs --render-bench`).
+  reflections, the offscreen buffer sized to the image. Measured with `python -m envs --render-bench
+  reach-v3` on the 2-core dev box (EGL, Mesa in software), which other jobs were sharing (load average
+  2.8, then 6): 64x64 frames from the stock scene through gymnasium's renderer 213 / 366 ms, from this
+  one 10.0 / 22.6 ms (16-21x less); 128x128: 374 vs 40 ms. The arm's meshes (67k triangles) dominate.
 - `instruction`: plain sentences of our own, one picked per seed (Meta-World has no language).
 - `info["object"]` / `info["object_px"]`: the task's main object and its goal (xyz, and where they appear in
   the image), privileged training targets like the tabletop tasks'; datasets record them, policies never

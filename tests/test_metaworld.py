@@ -11,6 +11,7 @@ import sys
 import gymnasium as gym
 import numpy as np
 import pytest
+from gymnasium.utils.env_checker import check_env
 
 import envs
 from envs.metaworld import MAX_EPISODE_STEPS, MT10
@@ -49,6 +50,12 @@ def test_reset_render_step_and_determinism(task_id):
         obs, reward, terminated, truncated, info = env.step(action)
     assert env.observation_space.contains(obs) and np.isfinite(reward) and isinstance(info["success"], bool)
     assert not np.array_equal(obs["image"], other["image"])  # the arm moved
+    env.close()
+
+
+def test_gymnasium_check_env():
+    env = gym.make("metaworld/push-v3", image_size=64)
+    check_env(env.unwrapped, skip_render_check=False)  # seeding, spaces, render: gymnasium's own checks
     env.close()
 
 
