@@ -174,7 +174,9 @@ class MetaWorldEnv(gym.Env):
         self.task_name = task
         self.image_size = image_size
         self.render_mode = render_mode
-        mw = ALL_V3_ENVIRONMENTS[task]()  # no render_mode: gymnasium's renderer is never created
+        cls = ALL_V3_ENVIRONMENTS[task]
+        cls = type(cls.__name__, (cls,), {"reset_mocap_welds": _reset_mocap_welds})
+        mw = cls()  # no render_mode: gymnasium's renderer is never created
         # The multi-task setting: the goal is in obs[36:39] (Meta-World's MT benchmarks set this in set_task).
         mw._partially_observable = False
         mw.__dict__.pop("sawyer_observation_space", None)  # cached with [0, 0] goal bounds: recompute
@@ -326,6 +328,16 @@ class MetaWorldExpert:
         if self.noise > 0:
             action[:3] += self.rng.normal(0.0, self.noise, size=3).astype(np.float32)
         return np.clip(action, -1.0, 1.0)
+
+
+def _reset_mocap_welds(self) -> None:
+    """Meta-World's own, for any MuJoCo 3: it writes 11 numbers per weld row, and newer MuJoCo rows are
+    longer (metaworld 3.1.1 pins mujoco 3.3.0; the rest of this project runs on the current 3.x)."""
+    weld = [0.0, 0.0, 0.0, 0.0, 0.0, 0.0, -1.0, 0.0, 0.0, 0.0, 5.0]  # anchor, relative pose, torque scale
+    if self.model.nmocap > 0:
+        for i in range(self.model.neq):
+            if self.model.eq_type[i] == mujoco.mjtEq.mjEQ_WELD:
+                self.model.eq_data[i, : len(weld)] = weld
 
 
 def _metaworld_version() -> str:
