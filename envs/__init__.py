@@ -7,6 +7,7 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 
 import gymnasium as gym  # noqa: E402
 
+from envs import metaworld as _metaworld  # noqa: E402
 from envs.rendering import RenderingUnavailable  # noqa: E402
 from envs.scene import CONTROL_HZ  # noqa: E402
 from envs.tabletop_env import EXPERT_CLASSES, TASK_CLASSES, TabletopEnv, UnknownTask  # noqa: E402
@@ -24,10 +25,17 @@ for _task, _id in _IDS.items():
             max_episode_steps=TASK_CLASSES[_task].max_episode_steps,
         )
 
+# External benchmarks: registered only when their package is installed (`pip install -e '.[metaworld]'`).
+# Kept out of TASKS, so `--tasks all` and the tabletop suite's tests mean what they meant.
+METAWORLD_TASKS: list[str] = _metaworld.register()
+SUITES: dict[str, list[str]] = {_metaworld.SUITE: METAWORLD_TASKS}
+
 
 def make_expert(env: gym.Env, noise: float = 0.0, seed: int | None = None):
     """The scripted expert for `env`'s task. `noise` is the std of Gaussian noise added to a[:3]."""
     base = env.unwrapped
+    if hasattr(base, "expert"):  # envs that bring their own expert (envs/metaworld.py)
+        return base.expert(noise=noise, seed=seed)
     if not isinstance(base, TabletopEnv):
         raise TypeError(f"make_expert needs a tabletop environment, got {type(base).__name__}")
     return EXPERT_CLASSES[base.task_name](base, noise=noise, seed=seed)
@@ -39,7 +47,23 @@ def task_id(name: str) -> str:
         return name
     if name in _IDS:
         return _IDS[name]
-    raise UnknownTask(f"unknown task {name!r}; choose from {', '.join(TASKS)} (or {', '.join(_IDS)})")
+    if name in METAWORLD_TASKS:
+        return name
+    if name.startswith(_metaworld.PREFIX) and not METAWORLD_TASKS:
+        raise UnknownTask(f"{name} needs Meta-World: pip install -e '.[metaworld]'")
+    raise UnknownTask(f"unknown task {name!r}; choose from {', '.join(TASKS + METAWORLD_TASKS)} (or {', '.join(_IDS)})")
 
 
-__all__ = ["TASKS", "CONTROL_HZ", "TabletopEnv", "make_expert", "task_id", "RenderingUnavailable", "UnknownTask"]
+def expand_tasks(spec: str) -> list[str]:
+    """Task ids from "all" (the tabletop suite), a suite ("metaworld/mt10") or comma-separated ids/names."""
+    tasks: list[str] = []
+    for name in (s.strip() for s in spec.split(",") if s.strip()):
+        if name == _metaworld.SUITE and not METAWORLD_TASKS:
+            raise UnknownTask(f"{name} needs Meta-World: pip install -e '.[metaworld]'")
+        ids = TASKS if name == "all" else SUITES.get(name) or [task_id(name)]
+        tasks += [t for t in ids if t not in tasks]
+    return tasks
+
+
+__all__ = ["TASKS", "METAWORLD_TASKS", "SUITES", "CONTROL_HZ", "TabletopEnv", "make_expert", "task_id", "expand_tasks",
+           "RenderingUnavailable", "UnknownTask"]  # fmt: skip

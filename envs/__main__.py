@@ -30,6 +30,9 @@ def expert_episode(env, expert, seed: int, render: bool) -> tuple[bool, int]:
             obs, _, terminated, truncated, info = env.step(action)
             if terminated or truncated:
                 return info["success"], t
+        elif hasattr(base, "step_physics"):  # external envs (envs/metaworld.py) time their physics alone
+            if base.step_physics(action):
+                return True, t
         else:
             base.scene.apply_action(action)
             base.scene.step_physics()
@@ -64,15 +67,15 @@ def measure(task_id: str, episodes: int, seed: int, image_size: int, noise: floa
     }
 
 
-def contact_sheet(path: str, image_size: int, seed: int) -> None:
+def contact_sheet(path: str, image_size: int, seed: int, tasks: list[str]) -> None:
     """First frames of every task side by side, with their instructions, as a PNG."""
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
-    fig, axes = plt.subplots(1, len(envs.TASKS), figsize=(3.2 * len(envs.TASKS), 3.6))
-    for k, (ax, task_id) in enumerate(zip(axes, envs.TASKS, strict=True)):
+    fig, axes = plt.subplots(1, len(tasks), figsize=(3.2 * len(tasks), 3.6), squeeze=False)
+    for k, (ax, task_id) in enumerate(zip(axes[0], tasks, strict=True)):
         env = gym.make(task_id, image_size=image_size)
         obs, _ = env.reset(seed=seed + k)
         ax.imshow(obs["image"])
@@ -85,22 +88,30 @@ def contact_sheet(path: str, image_size: int, seed: int) -> None:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="python -m envs", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--tasks", default="all", help="all, or comma-separated task ids/names")
+    parser.add_argument("--tasks", default="all", help="all, metaworld/mt10, or comma-separated task ids/names")
     parser.add_argument("--episodes", type=int, default=20, help="seeded episodes per task")
     parser.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed + i")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--noise", type=float, default=0.0, help="std of the expert's action noise")
     parser.add_argument("--json", help="also write the table as JSON here")
     parser.add_argument("--contact-sheet", help="write a PNG of every task's first frame here")
+    parser.add_argument(
+        "--render-bench", metavar="TASK", help="only time Meta-World's stock vs. fast rendering of TASK (e.g. reach-v3)"
+    )
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
     if not 16 <= args.image_size <= 640:
         parser.error(f"--image-size must be between 16 and 640 pixels, got {args.image_size}")
     try:
-        tasks = envs.TASKS if args.tasks == "all" else [envs.task_id(t) for t in args.tasks.split(",")]
+        if args.render_bench:
+            from envs.metaworld import bench_render
+
+            print(json.dumps(bench_render(args.render_bench.removeprefix("metaworld/"), args.image_size)))
+            return 0
+        tasks = envs.expand_tasks(args.tasks)
         if args.contact_sheet:
-            contact_sheet(args.contact_sheet, max(args.image_size, 128), args.seed)
+            contact_sheet(args.contact_sheet, max(args.image_size, 128), args.seed, tasks)
         rows = [measure(t, args.episodes, args.seed, args.image_size, args.noise) for t in tasks]
     except (envs.UnknownTask, envs.RenderingUnavailable) as e:  # bad input or no GL; anything else is a bug
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
@@ -127,7 +138,7 @@ def main(argv: list[str] | None = None) -> int:
         print("| " + " | ".join(cells) + " |")
     if args.json:
         with open(args.json, "w") as f:
-            json.dump({"rows": rows}, f, indent=2)
+            json.dump({"rows": rows, "seed": args.seed}, f, indent=2)
     return 0
 
 

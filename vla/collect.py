@@ -523,12 +523,11 @@ def resolve_tasks(spec: str) -> list[str]:
         return list(envs.TASKS)
     tasks = []
     for name in (s.strip() for s in spec.split(",") if s.strip()):
-        try:
-            tid = envs.task_id(name)
-        except envs.UnknownTask:
-            raise CollectError(f"unknown task {name!r}; choose from {', '.join(envs.TASKS)} or 'all'") from None
-        if tid not in tasks:
-            tasks.append(tid)
+        try:  # a suite ("metaworld/mt10") stands for its tasks
+            ids = envs.expand_tasks(name)
+        except envs.UnknownTask as e:
+            raise CollectError(str(e)) from None
+        tasks += [tid for tid in ids if tid not in tasks]
     if not tasks:
         raise CollectError("--tasks is empty; give 'all' or a comma-separated list of task ids")
     return tasks
@@ -546,7 +545,7 @@ def build_parser() -> argparse.ArgumentParser:
         epilog="Seeds --seed, --seed+1, ... per task; failed seeds are recorded and skipped. "
         "After a crash or Ctrl-C, rerun the same command with --resume.",
     )
-    p.add_argument("--tasks", default="all", help="'all' or comma-separated task ids / short names")
+    p.add_argument("--tasks", default="all", help="'all', 'metaworld/mt10' or comma-separated task ids / short names")
     p.add_argument("--episodes-per-task", type=int, required=True, metavar="N", help="episodes to keep per task")
     p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (default 1)")
     p.add_argument("--out", required=True, metavar="FILE.hdf5", help="output dataset")

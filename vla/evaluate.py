@@ -220,9 +220,24 @@ def evaluate_parallel(
     return result
 
 
+def add_expert_rates(result: dict, experts: dict, seed: int, where: str) -> None:
+    """Put the scripted expert's success rate (`python -m envs --json`) beside each evaluated task."""
+    if experts.get("seed", seed) != seed:
+        raise ValueError(f"{where} was measured from seed {experts['seed']}, this evaluation starts at {seed}")
+    rows = {r["task"]: r for r in experts.get("rows", [])}
+    for task, r in result["tasks"].items():
+        if task in rows:
+            r["expert_success_rate"] = rows[task]["success_rate"]
+            r["expert_episodes"] = rows[task]["episodes"]
+
+
 def format_table(result: dict, title: str = "") -> str:
     lines = [title] if title else []
-    lines += ["| task | success | 95% CI | episodes | mean length |", "|---|---|---|---|---|"]
+    with_expert = any("expert_success_rate" in r for r in result["tasks"].values())
+    lines += [
+        "| task | success | 95% CI | episodes | mean length |" + (" expert (same seeds) |" if with_expert else "")
+    ]
+    lines += ["|---|---|---|---|---|" + ("---|" if with_expert else "")]
     for task, r in result["tasks"].items():
         lo, hi = r["ci95"]
         cells = [
@@ -232,10 +247,17 @@ def format_table(result: dict, title: str = "") -> str:
             str(r["episodes"]),
             f"{r['mean_length']:.1f}",
         ]
+        if with_expert:
+            e = r.get("expert_success_rate")
+            cells.append("-" if e is None else f"{e:.0%} ({r['expert_episodes']})")
         lines.append("| " + " | ".join(cells) + " |")
     o = result["overall"]
     lo, hi = o["ci95"]
-    lines.append(f"| **overall** | **{o['success_rate']:.0%}** | [{lo:.0%}, {hi:.0%}] | {o['episodes']} | |")
+    row = f"| **overall** | **{o['success_rate']:.0%}** | [{lo:.0%}, {hi:.0%}] | {o['episodes']} | |"
+    if with_expert:
+        rates = [r["expert_success_rate"] for r in result["tasks"].values() if "expert_success_rate" in r]
+        row += f" {sum(rates) / len(rates):.0%} (mean) |"
+    lines.append(row)
     return "\n".join(lines)
 
 
@@ -263,6 +285,11 @@ def main(argv: list[str] | None = None) -> int:
         help="save attention figures (first action token over image patches and words) for one episode per task",
     )
     parser.add_argument("--attention-steps", default="0,10,20", help="rollout steps to draw (default 0,10,20)")
+    parser.add_argument(
+        "--experts",
+        metavar="FILE",
+        help="`python -m envs --json` output for the same first seed: the expert's rate beside each task",
+    )
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
     return cli.run("vla-eval", lambda: _run(args))
@@ -286,7 +313,7 @@ def _run(args) -> int:
     elif args.tasks == "all":
         tasks = list(envs.TASKS)
     else:
-        tasks = [envs.task_id(t) for t in args.tasks.split(",")]
+        tasks = envs.expand_tasks(args.tasks)  # ids, short names or a suite ("metaworld/mt10")
     if args.attention:
         from vla.attention import attention_rollout
 
@@ -318,6 +345,8 @@ def _run(args) -> int:
             image_size=image_size,
         )
         result["policy"] = policy_info(policy)
+    if args.experts:
+        add_expert_rates(result, json.loads(Path(args.experts).read_text()), args.seed, args.experts)
     result["seconds"] = time.perf_counter() - start
     result["instructions"] = args.instructions
     result["checkpoint"] = str(args.checkpoint)
