@@ -51,7 +51,7 @@ vla-data validate "$DATA"
 stage "3/5 train $CONFIG into $RUN"
 if [ -f "$RUN/summary.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['finished'] else 1)" "$RUN/summary.json"; then
   echo "already trained ($RUN/summary.json)"
-elif [ -f "$RUN/train_state.pt" ]; then
+elif [ -f "$RUN/latest/train_state.pt" ]; then
   timed train vla-train --data "$DATA" --out "$RUN" --resume
 else
   timed train vla-train --config "$CONFIG" --data "$DATA" --out "$RUN"

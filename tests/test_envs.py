@@ -201,6 +201,6 @@ def test_python_m_envs_bad_input_is_one_line(capsys):
 
     assert main(["--tasks", "fly", "--episodes", "1"]) == 2
     err = capsys.readouterr().err
-    assert err == "python -m envs: error: unknown task 'fly'; choose from " + ", ".join(envs.TASKS) + (
-        " (or reach, push, pick_place, stack)\n"
-    )
+    assert err == "python -m envs: error: unknown task 'fly'; choose from " + ", ".join(
+        envs.TASKS + envs.METAWORLD_TASKS
+    ) + (" (or reach, push, pick_place, stack)\n")

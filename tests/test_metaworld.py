@@ -124,7 +124,7 @@ def test_collect_train_and_evaluate_a_metaworld_task(tmp_path):
                        "train.steps=4", "train.log_every=2", "train.checkpoint_every=4"])  # fmt: skip
     assert code == 0
     policy = load_policy(ckpt, device="cpu")
-    assert policy.cfg.proprio_dim == 7
+    assert policy.spec.proprio_dim == 7
     env = gym.make(REACH, image_size=64, max_episode_steps=12)  # vla-eval's episode loop, cut short
     episode = run_episode(env, policy, seed=100_000)
     env.close()
