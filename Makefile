@@ -32,7 +32,7 @@ $(STAMP): pyproject.toml
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 2>&1 | $(QUIET)
 	$(BIN)/python -m pip install -q "$(TORCH)" 2>&1 | $(QUIET)
-	$(BIN)/python -m pip install -q -e ".[dev,bench]" 2>&1 | $(QUIET)
+	$(BIN)/python -m pip install -q -e ".[dev,bench,export]" 2>&1 | $(QUIET)
 	@touch $@
 
 demo: setup
