@@ -81,7 +81,7 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, tmp_path):
     assert step_inputs["image"] == [1, 1, 64, 64, 3] and "kv" in step_inputs and "slot_valid" in step_inputs
     assert {"text", "action", "proprio"} <= set(manifest["tokenizers"])
     policy = load_policy(tiny_checkpoint, device="cpu")
-    diffs = parity(policy, load_policy(tiny_checkpoint, backend="onnxruntime"), envs.TASKS, steps=None)
+    diffs = parity(policy, load_policy(out, backend="onnxruntime"), envs.TASKS, steps=None)
     assert max(diffs.values()) <= TOL, diffs
 
 
@@ -114,13 +114,15 @@ def test_export_refuses_what_it_cannot_reproduce(tiny_checkpoint, tmp_path, over
 
 def test_onnx_policy_runs_without_torch(tiny_checkpoint, tmp_path):
     """The onnxruntime backend imports neither torch nor anything that needs it."""
-    export_policy(load_policy(tiny_checkpoint, device="cpu"), tmp_path)
+    policy = load_policy(tiny_checkpoint, device="cpu")
+    export_policy(policy, tmp_path)
     script = f"""
 import sys
 sys.modules["torch"] = None  # any import of torch now fails
 import numpy as np
 from vla import load_policy
 policy = load_policy({str(tmp_path)!r}, backend="onnxruntime")
+assert "torch" not in [m.split(".")[0] for m, v in sys.modules.items() if v is not None]
 policy.reset("reach the red target")
 obs = {{"image": np.zeros((64, 64, 3), np.uint8), "proprio": np.zeros({policy.spec.proprio_dim}, np.float32)}}
 a = policy.act(obs)

@@ -207,7 +207,7 @@ def _onnx_export(module: nn.Module, args: tuple, path: Path, inputs: list[str], 
     # SDPA with a float mask (opset >= 14). Its tracer warnings (shapes read as Python numbers, advanced
     # indexing, slices it cannot constant-fold) are about dynamic shapes, which these graphs do not have.
     with warnings.catch_warnings():
-        warnings.simplefilter("ignore", UserWarning)  # TracerWarning is a UserWarning
+        warnings.simplefilter("ignore")
         torch.onnx.export(
             module, args, str(path), input_names=inputs, output_names=outputs, opset_version=17, dynamo=False
         )
@@ -302,7 +302,10 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--out", help="output directory (default CHECKPOINT/export)")
     parser.add_argument("--int8", action="store_true", help="also write an int8 (dynamic quantization) step graph")
     parser.add_argument(
-        "--parity-steps", type=int, default=30, help="rollout steps per task for the parity check (default 30; 0 = skip)"
+        "--parity-steps",
+        type=int,
+        default=30,
+        help="rollout steps per task for the parity check (default 30; 0 = skip)",
     )
     args = parser.parse_args(argv)
     from vla import cli
