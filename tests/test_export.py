@@ -136,3 +136,26 @@ print("ok")
 def test_missing_export_is_one_clear_error(tiny_checkpoint):
     with pytest.raises(ValueError, match="no ONNX export"):
         load_policy(tiny_checkpoint / "checkpoints", backend="onnxruntime")
+
+
+def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, tmp_path):
+    """vla-eval gives the same episodes on both backends; vla-deploy runs the exported graphs on the clock."""
+    export = tmp_path / "export"
+    export_policy(load_policy(tiny_checkpoint, device="cpu"), export)
+    results = {}
+    for backend, checkpoint in (("torch", tiny_checkpoint), ("onnxruntime", export)):
+        out = tmp_path / f"eval_{backend}.json"
+        r = run_cli("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 1, "--tasks", "all",
+                    "--json", out, "--backend", backend)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        results[backend] = json.loads(out.read_text())
+    assert results["onnxruntime"]["backend"] == "onnxruntime"
+    assert results["onnxruntime"]["episodes_detail"] == results["torch"]["episodes_detail"]
+    report = tmp_path / "deploy.json"
+    r = run_cli("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
+                "--backend", "onnxruntime", "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(report.read_text())
+    assert summary["backend"] == "onnxruntime" and summary["device"] == "onnxruntime-cpu"
+    r = run_cli("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--workers 1" in r.stderr

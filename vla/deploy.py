@@ -108,6 +108,12 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads (default on CPU: 1; more threads spin against the control loop "
         "and anything else on the cores, and a small model's step gains little from them)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime"],
+        default="torch",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime",
+    )
     parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -142,7 +148,9 @@ def _run(args) -> int:
     from vla.policy import load_policy
     from vla.robot import SimRobot
 
-    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+    if args.backend == "onnxruntime":  # its session takes torch's thread count when it is made
+        torch.set_num_threads(args.threads or 1)
+    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache, backend=args.backend)
     if args.threads is not None or policy.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     robot = SimRobot(gym.make(task, image_size=policy.spec.image_size), seed=args.seed)
@@ -162,6 +170,7 @@ def _run(args) -> int:
         "seconds": args.seconds,
         "async": args.async_inference,
         "kv_cache": not args.no_kv_cache,
+        "backend": args.backend,
         "device": str(policy.device),
         "torch_threads": torch.get_num_threads(),
         "inject_latency_ms": {"mean": latency, "jitter": jitter},

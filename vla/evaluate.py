@@ -228,6 +228,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
     parser.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime"],
+        default="torch",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime",
+    )
+    parser.add_argument(
         "--instructions",
         choices=["own", "swap_colour", "other_task"],
         default="own",
@@ -250,7 +256,9 @@ def _run(args) -> int:
 
     if args.episodes_per_task < 1:
         raise ValueError("--episodes-per-task must be at least 1")
-    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache)
+    if args.backend == "onnxruntime" and (args.workers > 1 or args.attention):
+        raise ValueError("--backend onnxruntime runs in one process without attention figures (--workers 1)")
+    policy = load_policy(args.checkpoint, device=args.device, kv_cache=not args.no_kv_cache, backend=args.backend)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)
@@ -287,6 +295,7 @@ def _run(args) -> int:
     result["seconds"] = time.perf_counter() - start
     result["instructions"] = args.instructions
     result["checkpoint"] = str(args.checkpoint)
+    result["backend"] = args.backend
     print(format_table(result, f"checkpoint {args.checkpoint}, instructions: {args.instructions}"))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

@@ -37,6 +37,14 @@ def _text_tokenizer_class():
     return sys.modules[name].TextTokenizer
 
 
+@dataclasses.dataclass(frozen=True)
+class RuntimeDevice:
+    type: str  # "cpu" or "cuda", as torch.device.type (what callers test)
+
+    def __str__(self) -> str:
+        return f"onnxruntime-{self.type}"
+
+
 class PolicyLoadError(ValueError):
     """The directory holds no usable export."""
 
@@ -76,7 +84,7 @@ class OnnxPolicy:
         graphs = manifest["graphs"]
         self._prefix = ort.InferenceSession(str(self.dir / graphs["prefix"]["file"]), options, providers=providers)
         self._step = ort.InferenceSession(str(self.dir / graphs["step"]["file"]), options, providers=providers)
-        self.device = SimpleNamespace(type="cpu" if providers[0] == "CPUExecutionProvider" else "cuda")
+        self.device = RuntimeDevice("cpu" if providers[0] == "CPUExecutionProvider" else "cuda")
         self._state_names = manifest["state"]
         self.image_keys = manifest["image_keys"]
         self._text = _text_tokenizer_class().from_dict(manifest["tokenizers"]["text"])
