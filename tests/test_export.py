@@ -70,13 +70,17 @@ def full_rollout_parity(policy, out) -> dict:
 
 
 def test_cli_export_and_full_rollout_parity(tiny_checkpoint, tmp_path):
-    """vla-export writes the graphs and manifest, checks parity itself; full rollouts of every task agree."""
+    """vla-export writes the graphs (fp32 and int8) and manifest, checks parity itself; full rollouts of every
+    task agree."""
     out = tmp_path / "export"
-    result = run_cli("vla.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5")
+    result = run_cli("vla.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
     assert result.returncode == 0, result.stderr
-    assert result.stdout.count("parity tabletop/") == len(envs.TASKS)
+    assert result.stdout.count("parity fp32 tabletop/") == result.stdout.count("parity int8 tabletop/") == 4
     manifest = json.loads((out / "manifest.json").read_text())
     assert max(manifest["parity"]["max_abs_diff"].values()) <= TOL
+    int8 = manifest["parity"]["int8_max_abs_diff"].values()  # approximate by design: finite, and not nonsense
+    assert all(0 <= d < 1 for d in int8) and max(int8) > 0
+    assert (out / "step.int8.onnx").stat().st_size < (out / "step.onnx").stat().st_size
     step_inputs = {io["name"]: io["shape"] for io in manifest["graphs"]["step"]["inputs"]}
     assert step_inputs["image"] == [1, 1, 64, 64, 3] and "kv" in step_inputs and "slot_valid" in step_inputs
     assert {"text", "action", "proprio"} <= set(manifest["tokenizers"])

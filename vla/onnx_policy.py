@@ -59,7 +59,9 @@ def find_export(path: str | Path) -> Path:
 
 
 class OnnxPolicy:
-    def __init__(self, export_dir: str | Path, config: PolicyConfig | None = None, threads: int | None = None):
+    def __init__(
+        self, export_dir: str | Path, config: PolicyConfig | None = None, threads: int | None = None, int8=False
+    ):
         import onnxruntime as ort
 
         self.dir = find_export(export_dir)
@@ -83,7 +85,10 @@ class OnnxPolicy:
         providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
         graphs = manifest["graphs"]
         self._prefix = ort.InferenceSession(str(self.dir / graphs["prefix"]["file"]), options, providers=providers)
-        self._step = ort.InferenceSession(str(self.dir / graphs["step"]["file"]), options, providers=providers)
+        if int8 and "step_int8" not in graphs:
+            raise PolicyLoadError(f"{self.dir}: no int8 step graph; export with vla-export --int8")
+        step = graphs["step_int8" if int8 else "step"]["file"]
+        self._step = ort.InferenceSession(str(self.dir / step), options, providers=providers)
         self.device = RuntimeDevice("cpu" if providers[0] == "CPUExecutionProvider" else "cuda")
         self._state_names = manifest["state"]
         self.image_keys = manifest["image_keys"]
@@ -171,12 +176,13 @@ class OnnxPolicy:
         return self.act_chunk(obs)[0]
 
 
-def load_onnx_policy(path: str | Path, threads: int | None = None, **overrides) -> OnnxPolicy:
+def load_onnx_policy(path: str | Path, threads: int | None = None, int8: bool = False, **overrides) -> OnnxPolicy:
     """An OnnxPolicy from an export directory (or a checkpoint directory with export/); `overrides` are
-    PolicyConfig fields replacing the exported ones (readout, temporal_ensemble, n_action_steps, ...)."""
+    PolicyConfig fields replacing the exported ones (readout, temporal_ensemble, n_action_steps, ...).
+    `int8`: run the dynamically quantized step graph (`vla-export --int8`)."""
     export = find_export(path)
     saved = json.loads((export / "manifest.json").read_text()).get("policy", {})
     unknown = set(overrides) - {f.name for f in dataclasses.fields(PolicyConfig)}
     if unknown:
         raise ValueError(f"unknown policy field(s) {sorted(unknown)}")
-    return OnnxPolicy(export, PolicyConfig(**{**saved, **overrides}), threads=threads)
+    return OnnxPolicy(export, PolicyConfig(**{**saved, **overrides}), threads=threads, int8=int8)
