@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import logging
 import sys
 import time
 import warnings
@@ -243,7 +244,13 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
     if int8:  # weights int8, activations quantized per call: no calibration data needed
         from onnxruntime.quantization import QuantType, quantize_dynamic
 
-        quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
+        root = logging.getLogger()  # it suggests "pre-processing" on the root logger, every time
+        level = root.level
+        root.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
     tok = policy.tok
     manifest = {
         "format": "vla-onnx-policy",
@@ -340,7 +347,7 @@ def _run(args) -> int:
     for name, int8 in (("fp32", False), ("int8", True))[: 1 + args.int8]:
         diffs = parity(policy, load_onnx_policy(out, threads=1, int8=int8), envs.TASKS, args.parity_steps)
         for task, d in diffs.items():
-            print(f"parity {name} {task}: max |action difference| {d:.2e} over {args.parity_steps} steps")
+            print(f"parity {name} {task}: max |action difference| {d:.2e} (rollout of <= {args.parity_steps} steps)")
         manifest["parity"]["max_abs_diff" if name == "fp32" else "int8_max_abs_diff"] = diffs
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     worst = max(manifest["parity"]["max_abs_diff"].values())
