@@ -182,6 +182,7 @@ def load_onnx_policy(path: str | Path, threads: int | None = None, int8: bool = 
     `int8`: run the dynamically quantized step graph (`vla-export --int8`)."""
     export = find_export(path)
     saved = json.loads((export / "manifest.json").read_text()).get("policy", {})
+    saved["kv_cache"] = True  # a saved recompute choice gives the same actions; only an explicit False is refused
     unknown = set(overrides) - {f.name for f in dataclasses.fields(PolicyConfig)}
     if unknown:
         raise ValueError(f"unknown policy field(s) {sorted(unknown)}")
