@@ -110,6 +110,12 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads (default on CPU: 1; more threads spin against the control loop "
         "and anything else on the cores, and a small model's step gains little from them)",
     )
+    parser.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime"],
+        default="torch",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime",
+    )
     parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")
@@ -144,8 +150,10 @@ def _run(args) -> int:
     from vla.policy import load_policy
     from vla.robot import SimRobot
 
+    if args.backend == "onnxruntime":  # its session takes torch's thread count when it is made
+        torch.set_num_threads(args.threads or 1)
     overrides = cli.policy_overrides(args.policy) | ({"kv_cache": False} if args.no_kv_cache else {})
-    policy = load_policy(args.checkpoint, device=cli.device(args.device), **overrides)
+    policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
     if args.threads is not None or policy.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     robot = SimRobot(gym.make(task, image_size=policy.spec.image_size), seed=args.seed)
@@ -165,6 +173,7 @@ def _run(args) -> int:
         "seconds": args.seconds,
         "async": args.async_inference,
         "kv_cache": not args.no_kv_cache,
+        "backend": args.backend,
         "device": str(policy.device),
         "torch_threads": torch.get_num_threads(),
         "inject_latency_ms": {"mean": latency, "jitter": jitter},

@@ -274,6 +274,12 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
     cli.add_policy_overrides(parser)
     parser.add_argument(
+        "--backend",
+        choices=["torch", "onnxruntime"],
+        default="torch",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime",
+    )
+    parser.add_argument(
         "--instructions",
         choices=["own", "swap_colour", "other_task"],
         default="own",
@@ -303,10 +309,12 @@ def _run(args) -> int:
         raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
+    if args.backend == "onnxruntime" and (args.workers > 1 or args.attention):
+        raise UserError("--backend onnxruntime runs in one process without attention figures (--workers 1)")
     policy_kwargs = {"device": cli.device(args.device), **cli.policy_overrides(args.policy)}
     if args.no_kv_cache:
         policy_kwargs["kv_cache"] = False
-    policy = load_policy(args.checkpoint, **policy_kwargs)
+    policy = load_policy(args.checkpoint, backend=args.backend, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)
@@ -350,6 +358,7 @@ def _run(args) -> int:
     result["seconds"] = time.perf_counter() - start
     result["instructions"] = args.instructions
     result["checkpoint"] = str(args.checkpoint)
+    result["backend"] = args.backend
     print(format_table(result, f"checkpoint {args.checkpoint}, instructions: {args.instructions}"))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)

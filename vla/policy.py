@@ -169,11 +169,22 @@ class Policy:
         return self.act_chunk(obs)[0]
 
 
-def load_policy(checkpoint_dir: str | Path, device=None, kv_cache: bool | None = None, **overrides) -> Policy:
+def load_policy(
+    checkpoint_dir: str | Path, device=None, kv_cache: bool | None = None, backend: str = "torch", **overrides
+) -> Policy:
     """Build a Policy from a checkpoint directory (safetensors + JSON; never unpickles).
 
     `kv_cache` and `overrides` are PolicyConfig fields (readout, temporal_ensemble, n_action_steps, ...)
-    that replace the values saved with the checkpoint."""
+    that replace the values saved with the checkpoint. backend="onnxruntime": the exported graphs
+    (`vla-export`; an `OnnxPolicy` with the same API, see vla/onnx_policy.py)."""
+    if backend == "onnxruntime":
+        from vla.onnx_policy import load_onnx_policy
+
+        if kv_cache is not None:
+            overrides["kv_cache"] = kv_cache
+        return load_onnx_policy(checkpoint_dir, threads=torch.get_num_threads(), **overrides)
+    if backend != "torch":
+        raise ConfigError(f"backend {backend!r} is not one of 'torch', 'onnxruntime'")
     ckpt = load_checkpoint(checkpoint_dir)
     meta = ckpt.meta
     if kv_cache is not None:

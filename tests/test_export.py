@@ -1,0 +1,165 @@
+"""ONNX export of the streaming policy: the graphs compute what start/step compute, the exported policy's
+actions equal PyTorch's over full rollouts of every task, and it runs without torch."""
+
+import json
+import subprocess
+import sys
+
+import numpy as np
+import pytest
+import torch
+
+import envs
+from tests.conftest import run_cli
+from vla.export import ExportError, PrefixGraph, StepGraph, export_policy, parity
+from vla.model import ActionTransformer, DataSpec, ModelConfig
+from vla.onnx_policy import load_onnx_policy
+from vla.policy import Policy, load_policy
+from vla.policy_config import PolicyConfig
+
+TOL = 1e-4
+
+
+def demo_like(tiny_checkpoint, **overrides) -> Policy:
+    """The demo architecture (conv stem + FiLM + keypoints + aux feed, relative time) at test size, on the
+    tiny checkpoint's tokenizers and data sizes (untrained: parity is about the arithmetic, not skill)."""
+    base = load_policy(tiny_checkpoint, device="cpu")
+    spec = DataSpec(**{**vars(base.spec), "aux_dim": 6})
+    cfg = ModelConfig(d_model=32, n_layer=2, n_head=2, d_ff=64, window=3, chunk=2, conv_channels=4,
+                      keypoints=4, keypoint_channels=8, action_bins=base.cfg.action_bins, instruction_len=12,
+                      **overrides)  # fmt: skip
+    torch.manual_seed(0)
+    model = ActionTransformer(cfg, spec)
+    with torch.no_grad():  # the ALiBi init makes the relative biases small; make them matter
+        for p in (model.rel_bias, model.instr_bias):
+            if p is not None:
+                p.normal_(0, 1.0)
+    return Policy(model, base.tok, base.meta)
+
+
+@pytest.mark.parametrize("time_encoding", ["relative", "sinusoidal"])
+def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint, time_encoding):
+    """The export wrappers, run in torch, give model.step's logits and KV cache over an episode longer than
+    the window (eviction included)."""
+    model = demo_like(tiny_checkpoint, time_encoding=time_encoding).model
+    spec, rng = model.spec, np.random.default_rng(0)
+    ids = torch.tensor([[1, 258, 259, 260, 2, 0, 0, 0, 0, 0, 0, 0]])  # <bos>, words, a byte, padding
+    cache = model.new_cache(1)
+    model.start(cache, ids)
+    with torch.no_grad():
+        state = PrefixGraph(model)(ids)
+    torch.testing.assert_close(state[0][:, :, :, :, :12], cache.kv[:, :, :, :, :12], atol=1e-6, rtol=0)
+    torch.testing.assert_close(state[-1], cache.film_ctx, atol=1e-6, rtol=0)
+    step = StepGraph(model)
+    for t in range(2 * model.cfg.window + 1):
+        image = torch.from_numpy(rng.integers(0, 256, (1, 1, spec.image_size, spec.image_size, 3), dtype=np.uint8))
+        proprio = torch.randn(1, spec.proprio_dim)
+        timestep = torch.tensor([t * 3])  # gaps, as when a controller skips ticks
+        want = model.step(cache, image, proprio, timestep)
+        with torch.no_grad():
+            logits, *state = step(image, proprio, timestep, *state)
+        torch.testing.assert_close(logits, want.logits, atol=1e-5, rtol=0)
+        torch.testing.assert_close(state[0], cache.kv, atol=1e-5, rtol=0)
+        assert torch.equal(state[2], cache.slot_timestep) and torch.equal(state[3], cache.slot_valid)
+        assert int(state[4]) == cache.n_steps
+
+
+def full_rollout_parity(policy, out) -> dict:
+    export_policy(policy, out)
+    return parity(policy, load_onnx_policy(out, threads=1), envs.TASKS, steps=None)
+
+
+def test_cli_export_and_full_rollout_parity(tiny_checkpoint, tmp_path):
+    """vla-export writes the graphs (fp32 and int8) and manifest, checks parity itself; full rollouts of every
+    task agree."""
+    out = tmp_path / "export"
+    result = run_cli("vla.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
+    assert result.returncode == 0, result.stderr
+    assert result.stdout.count("parity fp32 tabletop/") == result.stdout.count("parity int8 tabletop/") == 4
+    manifest = json.loads((out / "manifest.json").read_text())
+    assert max(manifest["parity"]["max_abs_diff"].values()) <= TOL
+    int8 = manifest["parity"]["int8_max_abs_diff"].values()  # approximate by design: finite, and not nonsense
+    assert all(0 <= d < 1 for d in int8) and max(int8) > 0
+    assert (out / "step.int8.onnx").stat().st_size < (out / "step.onnx").stat().st_size
+    step_inputs = {io["name"]: io["shape"] for io in manifest["graphs"]["step"]["inputs"]}
+    assert step_inputs["image"] == [1, 1, 64, 64, 3] and "kv" in step_inputs and "slot_valid" in step_inputs
+    assert {"text", "action", "proprio"} <= set(manifest["tokenizers"])
+    policy = load_policy(tiny_checkpoint, device="cpu")
+    diffs = parity(policy, load_policy(out, backend="onnxruntime"), envs.TASKS, steps=None)
+    assert max(diffs.values()) <= TOL, diffs
+
+
+def test_demo_architecture_full_rollout_parity(tiny_checkpoint, tmp_path):
+    """Conv stem + FiLM + keypoints (the default architecture): full rollouts of every task agree."""
+    diffs = full_rollout_parity(demo_like(tiny_checkpoint), tmp_path / "export")
+    assert max(diffs.values()) <= TOL, diffs
+
+
+def test_argmax_readout_and_action_chunks_agree(tiny_checkpoint, tmp_path):
+    """The readout and plan-execution options take the same path as vla.policy.Policy."""
+    policy = demo_like(tiny_checkpoint, time_encoding="learned")
+    export_policy(policy, tmp_path)
+    for options in ({"readout": "argmax"}, {"temporal_ensemble": False, "n_action_steps": 2}):
+        policy.config = PolicyConfig(**options)
+        onnx = load_onnx_policy(tmp_path, threads=1, **options)
+        diffs = parity(policy, onnx, envs.TASKS[:2], steps=20)
+        assert max(diffs.values()) <= TOL, (options, diffs)
+
+
+@pytest.mark.parametrize(
+    ("overrides", "says"),
+    [({"action_decoding": "autoregressive"}, "autoregressive"), ({"causal_scope": "stream"}, "stream")],
+)
+def test_export_refuses_what_it_cannot_reproduce(tiny_checkpoint, tmp_path, overrides, says):
+    with pytest.raises(ExportError, match=says):
+        export_policy(demo_like(tiny_checkpoint, **overrides), tmp_path / "export")
+    assert not (tmp_path / "export" / "manifest.json").exists()
+
+
+def test_onnx_policy_runs_without_torch(tiny_checkpoint, tmp_path):
+    """The onnxruntime backend imports neither torch nor anything that needs it."""
+    policy = load_policy(tiny_checkpoint, device="cpu")
+    export_policy(policy, tmp_path)
+    script = f"""
+import sys
+sys.modules["torch"] = None  # any import of torch now fails
+import numpy as np
+from vla import load_policy
+policy = load_policy({str(tmp_path)!r}, backend="onnxruntime")
+assert "torch" not in [m.split(".")[0] for m, v in sys.modules.items() if v is not None]
+policy.reset("reach the red target")
+obs = {{"image": np.zeros((64, 64, 3), np.uint8), "proprio": np.zeros({policy.spec.proprio_dim}, np.float32)}}
+a = policy.act(obs)
+assert a.shape == ({policy.spec.action_dim},) and np.all(np.abs(a) <= 1), a
+print("ok")
+"""
+    result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0 and result.stdout.strip() == "ok", result.stderr
+
+
+def test_missing_export_is_one_clear_error(tiny_checkpoint):
+    with pytest.raises(ValueError, match="no ONNX export"):
+        load_policy(tiny_checkpoint / "checkpoints", backend="onnxruntime")
+
+
+def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, tmp_path):
+    """vla-eval gives the same episodes on both backends; vla-deploy runs the exported graphs on the clock."""
+    export = tmp_path / "export"
+    export_policy(load_policy(tiny_checkpoint, device="cpu"), export)
+    results = {}
+    for backend, checkpoint in (("torch", tiny_checkpoint), ("onnxruntime", export)):
+        out = tmp_path / f"eval_{backend}.json"
+        r = run_cli("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 1, "--tasks", "all",
+                    "--json", out, "--backend", backend)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        results[backend] = json.loads(out.read_text())
+    assert results["onnxruntime"]["backend"] == "onnxruntime"
+    assert results["onnxruntime"]["episodes_detail"] == results["torch"]["episodes_detail"]
+    report = tmp_path / "deploy.json"
+    r = run_cli("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
+                "--backend", "onnxruntime", "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    summary = json.loads(report.read_text())
+    assert summary["backend"] == "onnxruntime" and summary["device"] == "onnxruntime-cpu"
+    r = run_cli("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--workers 1" in r.stderr

@@ -1,0 +1,363 @@
+"""vla-export: the streaming policy as two ONNX graphs and a JSON manifest, runnable without torch.
+
+    vla-export --checkpoint runs/demo                      # writes runs/demo/export/
+    policy = load_policy("runs/demo", backend="onnxruntime")
+
+Files written (`--out`, default CHECKPOINT/export/):
+- prefix.onnx: instruction ids (1, L) -> the initial streaming state: the KV buffer of every layer with
+  the instruction prefix's keys/values at [0, L) (zeros elsewhere), the instruction's validity, empty
+  step slots, the step counter, and the FiLM context when the model has one.
+- step.onnx: one control step: image (1, C, H, W, 3) uint8, proprio (1, P) normalized, timestep (1,)
+  and the state -> action logits (1, chunk*A, bins) and the next state (`next_<name>`). The step's ring
+  slot (n_steps % K), its KV writes and the attention mask are computed inside the graph from the
+  state tensors, exactly as `ActionTransformer.step` computes them with `KVCache`.
+- manifest.json: graph inputs/outputs (names, shapes, dtypes), the tokenizers, proprio normalization,
+  action decoding (bin centres, readout), the policy and model configurations, and the parity figures.
+
+The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
+that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
+written in place. Export refuses (exit 2) what it cannot reproduce faithfully: autoregressive decoding
+(one pass per action token with a data-dependent feedback loop) and causal_scope="stream" (its cached
+keys carry context from evicted steps). At the end, short rollouts of every tabletop task compare the
+exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import logging
+import sys
+import time
+import warnings
+from pathlib import Path
+
+import numpy as np
+import torch
+import torch.nn as nn
+import torch.nn.functional as F
+
+from vla.model import ActionTransformer
+from vla.model.config import PAD_ID
+from vla.model.transformer import Block, TokenCoords
+
+MANIFEST_VERSION = 1
+PARITY_TOL = 1e-4  # fp32 actions, max abs difference over the parity rollouts
+STATE = ("kv", "instr_valid", "slot_timestep", "slot_valid", "n_steps")  # + "film_ctx" with FiLM
+
+
+class ExportError(ValueError):
+    """The checkpoint holds something this exporter cannot reproduce faithfully."""
+
+
+def check_exportable(model: ActionTransformer, policy_config=None) -> None:
+    cfg = model.cfg
+    if cfg.action_decoding != "parallel":
+        raise ExportError(
+            f"action_decoding={cfg.action_decoding!r} cannot be exported: only 'parallel' (one pass per step) is "
+            "supported; autoregressive decoding feeds each decoded bin back through the trunk"
+        )
+    if cfg.causal_scope != "step":
+        raise ExportError(
+            f"causal_scope={cfg.causal_scope!r} cannot be exported faithfully: its cached keys carry context from "
+            "evicted steps, so the streaming step differs from the policy's definition once the window slides"
+        )
+    if policy_config is not None and policy_config.temperature > 0:
+        raise ExportError(
+            f"policy temperature={policy_config.temperature} (sampling) cannot be exported: the exported policy is "
+            "greedy; load with temperature=0"
+        )
+
+
+def _block(block: Block, x, mask, k, v, rows: slice | None):
+    """`Block.forward` on keys/values given explicitly: x (B, n, d) the block input, k/v (B, H, N, hd) every
+    key the queries see (this step's already written in), mask (B, H|1, n, N) -> (B, n|r, d)."""
+    a = block.attn
+    B, _, d = x.shape
+    q = _qkv(block, x)[0]  # (B, H, n, hd)
+    if rows is not None:
+        q, mask = q[:, :, rows], mask[..., rows, :]  # (B, H, r, hd), (.., r, N)
+    y = F.scaled_dot_product_attention(q, k, v, attn_mask=mask.to(q.dtype))  # (B, H, r, hd)
+    y = y.transpose(1, 2).reshape(B, q.shape[2], d)  # (B, r, d)
+    x = (x if rows is None else x[:, rows]) + a.c_proj(y)
+    return x + block.mlp(block.ln_2(x))
+
+
+def _qkv(block: Block, x):
+    """(B, n, d) -> (3, B, H, n, hd): the block's queries, keys and values of its normed input."""
+    a = block.attn
+    B, n, _ = x.shape
+    return a.c_attn(block.ln_1(x)).view(B, n, 3, a.n_head, a.head_dim).permute(2, 0, 3, 1, 4)
+
+
+class PrefixGraph(nn.Module):
+    """`ActionTransformer.start` as a function: instruction ids (1, L) -> the initial streaming state."""
+
+    def __init__(self, model: ActionTransformer):
+        super().__init__()
+        self.model = model
+
+    def forward(self, instruction: torch.Tensor):
+        m, cfg = self.model, self.model.cfg
+        B, L = instruction.shape
+        N = m.layout.n_tokens
+        valid = instruction != PAD_ID  # (B, L)
+        prefix = TokenCoords(
+            pos=torch.arange(L),
+            slot=torch.full((L,), -1, dtype=torch.long),
+            index=torch.arange(L),
+            time=torch.zeros(B, L, dtype=torch.long),
+            valid=valid,
+        )
+        mask = m.mask(prefix, prefix)  # (B, 1, L, L)
+        x = m.embed_instruction(instruction)  # (B, L, d)
+        layers = []
+        for block in m.blocks:
+            qkv = _qkv(block, x)  # (3, B, H, L, hd)
+            layers.append(qkv[1:])
+            x = _block(block, x, mask, qkv[1], qkv[2], None)
+        kv = torch.stack(layers)  # (n_layer, 2, B, H, L, hd)
+        kv = F.pad(kv, (0, 0, 0, N - L))  # (n_layer, 2, B, H, N, hd): the K step slots empty
+        state = [
+            kv,
+            valid,
+            torch.zeros(B, cfg.window, dtype=torch.long),
+            torch.zeros(B, cfg.window, dtype=torch.bool),
+            torch.zeros(1, dtype=torch.long),
+        ]
+        if cfg.film:
+            state.append(m.instruction_context(instruction))  # (B, 2d)
+        return tuple(state)
+
+
+class StepGraph(nn.Module):
+    """`ActionTransformer.step` (parallel decoding) as a function of the state tensors."""
+
+    def __init__(self, model: ActionTransformer):
+        super().__init__()
+        check_exportable(model)
+        self.model = model
+
+    def forward(self, image, proprio, timestep, kv, instr_valid, slot_timestep, slot_valid, n_steps, film_ctx=None):
+        m, lay = self.model, self.model.layout
+        L, K, S, n_obs = m.cfg.instruction_len, m.cfg.window, lay.tokens_per_step, lay.n_obs_tokens
+        B = image.shape[0]
+        # KVCache.advance: the next ring slot takes this step, evicting the oldest when full
+        slot = n_steps % K  # (1,)
+        here = torch.arange(K) == slot  # (K,) one-hot
+        slot_timestep = torch.where(here, timestep[:, None], slot_timestep)  # (B, K)
+        slot_valid = slot_valid | here  # (B, K)
+        # KVCache.coords for the keys; the queries are this slot's S positions (ActionTransformer.step)
+        keys = TokenCoords(
+            pos=torch.arange(L + K * S),
+            slot=torch.cat([torch.full((L,), -1, dtype=torch.long), torch.arange(K).repeat_interleave(S)]),
+            index=torch.cat([torch.arange(L), torch.arange(S).repeat(K)]),
+            time=torch.cat([torch.zeros(B, L, dtype=torch.long), slot_timestep.repeat_interleave(S, 1)], 1),
+            valid=torch.cat([instr_valid, slot_valid.repeat_interleave(S, dim=1)], dim=1),  # (B, L + K*S)
+        )
+        queries = TokenCoords(
+            pos=L + slot * S + torch.arange(S),
+            slot=slot.expand(S),
+            index=torch.arange(S),
+            time=timestep[:, None].expand(B, S),
+            valid=torch.ones(B, S, dtype=torch.bool),
+        )
+        mask = m.mask(queries, keys)  # (B, H|1, S, L + K*S)
+        x = m.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, film_ctx).x[:, 0]  # (B, S, d)
+        write = here.view(1, 1, 1, K, 1, 1)  # broadcasts over (2, B, H, K, S, hd)
+        layers, h = [], x
+        for i, block in enumerate(m.blocks):
+            new = _qkv(block, h)[1:]  # (2, B, H, S, hd)
+            old = kv[i]  # (2, B, H, L + K*S, hd)
+            steps = old[:, :, :, L:].unflatten(3, (K, S))  # (2, B, H, K, S, hd)
+            steps = torch.where(write, new[:, :, :, None], steps).flatten(3, 4)  # (2, B, H, K*S, hd)
+            layer = torch.cat([old[:, :, :, :L], steps], dim=3)  # (2, B, H, L + K*S, hd)
+            layers.append(layer)
+            rows = slice(n_obs, S) if i == len(m.blocks) - 1 else None
+            h = _block(block, h, mask, layer[0], layer[1], rows)
+        logits = m.head(m.ln_f(h))  # (B, chunk*A, bins)
+        state = [torch.stack(layers), instr_valid, slot_timestep, slot_valid, n_steps + 1]
+        if film_ctx is not None:
+            state.append(film_ctx)
+        return (logits, *state)
+
+
+def state_names(model: ActionTransformer) -> list[str]:
+    return [*STATE, "film_ctx"] if model.cfg.film else list(STATE)
+
+
+def _io(path: Path) -> dict:
+    """Names, shapes and element types of an ONNX graph's inputs and outputs."""
+    import onnx
+
+    graph = onnx.load(str(path), load_external_data=False).graph
+
+    def describe(values):
+        out = []
+        for v in values:
+            t = v.type.tensor_type
+            dtype = onnx.helper.tensor_dtype_to_np_dtype(t.elem_type).name
+            out.append({"name": v.name, "shape": [d.dim_value for d in t.shape.dim], "dtype": dtype})
+        return out
+
+    return {"inputs": describe(graph.input), "outputs": describe(graph.output)}
+
+
+def _onnx_export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str]) -> None:
+    # The TorchScript-based exporter: fixed shapes need no dynamo/onnxscript, and it exports this torch's
+    # SDPA with a float mask (opset >= 14). Its tracer warnings (shapes read as Python numbers, advanced
+    # indexing, slices it cannot constant-fold) are about dynamic shapes, which these graphs do not have.
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")
+        torch.onnx.export(
+            module, args, str(path), input_names=inputs, output_names=outputs, opset_version=17, dynamo=False
+        )
+
+
+def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
+    """Write prefix.onnx, step.onnx and manifest.json for a torch `vla.policy.Policy`; returns the manifest."""
+    from dataclasses import asdict
+
+    model = policy.model.eval().float().cpu()
+    check_exportable(model, policy.config)
+    out = Path(out)
+    out.mkdir(parents=True, exist_ok=True)
+    cfg, spec, lay = model.cfg, model.spec, model.layout
+    names = state_names(model)
+    t0 = time.perf_counter()
+    with torch.no_grad():
+        ids = torch.as_tensor(policy.tok.text.encode_batch(["export"], cfg.instruction_len), dtype=torch.long)
+        prefix = PrefixGraph(model)
+        _onnx_export(prefix, (ids,), out / "prefix.onnx", ["instruction"], names)
+        state = prefix(ids)
+        size = spec.image_size
+        image = torch.zeros(1, spec.n_cameras, size, size, 3, dtype=torch.uint8)
+        proprio = torch.zeros(1, spec.proprio_dim)
+        timestep = torch.zeros(1, dtype=torch.long)
+        _onnx_export(
+            StepGraph(model),
+            (image, proprio, timestep, *state),
+            out / "step.onnx",
+            ["image", "proprio", "timestep", *names],
+            ["logits", *(f"next_{n}" for n in names)],
+        )
+    if int8:  # weights int8, activations quantized per call: no calibration data needed
+        from onnxruntime.quantization import QuantType, quantize_dynamic
+
+        root = logging.getLogger()  # it suggests "pre-processing" on the root logger, every time
+        level = root.level
+        root.setLevel(logging.ERROR)
+        try:
+            quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
+        finally:
+            root.setLevel(level)
+    tok = policy.tok
+    manifest = {
+        "format": "vla-onnx-policy",
+        "version": MANIFEST_VERSION,
+        "graphs": {
+            "prefix": {"file": "prefix.onnx", **_io(out / "prefix.onnx")},
+            "step": {"file": "step.onnx", **_io(out / "step.onnx")},
+        },
+        "state": names,  # prefix outputs == step state inputs; step outputs next_<name>
+        "model": asdict(cfg),
+        "data_spec": asdict(spec),
+        "policy": asdict(policy.config),
+        "image_keys": list(policy.image_keys),
+        "tokenizers": tok.to_dict(),
+        "proprio": {"mean": tok.proprio.mean.tolist(), "std": tok.proprio.std.tolist()},  # std already floored
+        "action": {"centres": np.asarray(tok.action.centres).tolist(), "bins": tok.action.bins},  # (A, bins)
+        "tasks": policy.meta.get("tasks"),
+        "int8": int8,
+        "export_seconds": round(time.perf_counter() - t0, 2),
+    }
+    if int8:
+        manifest["graphs"]["step_int8"] = {"file": "step.int8.onnx", **_io(out / "step.int8.onnx")}
+    manifest["tokens_per_step"] = lay.tokens_per_step
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    return manifest
+
+
+def parity(torch_policy, onnx_policy, tasks: list[str], steps: int | None = None, seed: int = 0) -> dict[str, float]:
+    """Max |action difference| per task over one rollout each (driven by the torch policy's actions);
+    `steps` caps the rollout (None = the whole episode)."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401 - registers the tasks
+
+    diffs = {}
+    for task in tasks:
+        env = gym.make(task, image_size=torch_policy.spec.image_size)
+        try:
+            obs, _ = env.reset(seed=seed)
+            torch_policy.reset(obs["instruction"])
+            onnx_policy.reset(obs["instruction"])
+            worst = 0.0
+            for _ in range(steps or env.spec.max_episode_steps):
+                a, b = torch_policy.act_chunk(obs), onnx_policy.act_chunk(obs)
+                worst = max(worst, float(np.abs(a - b).max()))
+                obs, _, terminated, truncated, _ = env.step(a[0])
+                if terminated or truncated:
+                    break
+            diffs[task] = worst
+        finally:
+            env.close()
+    return diffs
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(prog="vla-export", description=__doc__.split("\n\n")[0])
+    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
+    parser.add_argument("--out", help="output directory (default CHECKPOINT/export)")
+    parser.add_argument(
+        "--int8", action="store_true", help="also write an int8 step graph (dynamic quantization), parity reported"
+    )
+    parser.add_argument(
+        "--parity-steps",
+        type=int,
+        default=30,
+        help="rollout steps per task for the parity check (default 30; 0 = skip)",
+    )
+    args = parser.parse_args(argv)
+    from vla import cli
+
+    return cli.run("vla-export", lambda: _run(args))
+
+
+def _run(args) -> int:
+    import envs
+    from vla.onnx_policy import load_onnx_policy
+    from vla.policy import load_policy
+
+    torch.set_num_threads(1)
+    if args.parity_steps < 0:
+        raise ValueError("--parity-steps must be >= 0")
+    policy = load_policy(args.checkpoint, device="cpu")
+    out = Path(args.out) if args.out else Path(args.checkpoint) / "export"
+    try:
+        manifest = export_policy(policy, out, int8=args.int8)
+    except ExportError as e:
+        print(f"vla-export: {args.checkpoint}: {e}", file=sys.stderr)
+        return 2
+    files = ", ".join(g["file"] for g in manifest["graphs"].values())
+    print(f"wrote {out}/ ({files}, manifest.json) in {manifest['export_seconds']} s")
+    if not args.parity_steps:
+        return 0
+    manifest["parity"] = {"steps": args.parity_steps, "tolerance": PARITY_TOL}
+    for name, int8 in (("fp32", False), ("int8", True))[: 1 + args.int8]:
+        diffs = parity(policy, load_onnx_policy(out, threads=1, int8=int8), envs.TASKS, args.parity_steps)
+        for task, d in diffs.items():
+            print(f"parity {name} {task}: max |action difference| {d:.2e} (rollout of <= {args.parity_steps} steps)")
+        manifest["parity"]["max_abs_diff" if name == "fp32" else "int8_max_abs_diff"] = diffs
+    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
+    worst = max(manifest["parity"]["max_abs_diff"].values())
+    if worst > PARITY_TOL:
+        print(
+            f"vla-export: parity failed: max |action difference| {worst:.2e} > {PARITY_TOL:g} (fp32)", file=sys.stderr
+        )
+        return 1
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())

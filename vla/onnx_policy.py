@@ -1,0 +1,189 @@
+"""The exported policy on onnxruntime: the Policy API (`reset` / `act` / `act_chunk`) without torch.
+
+    policy = load_policy("runs/demo", backend="onnxruntime")    # reads runs/demo/export/ (vla-export)
+    policy.reset("put the red block in the bin")
+    action = policy.act(obs)
+
+Imports only numpy, onnxruntime and the torch-free parts of vla (the text tokenizer, temporal
+ensembling, PolicyConfig), so it runs on a robot's computer with `pip install numpy onnxruntime`.
+The streaming state (KV cache, slots, step counter, FiLM context) lives in numpy arrays that the step
+graph takes and returns; the readout and temporal ensembling are `vla.policy.Policy`'s.
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import importlib.util
+import json
+import sys
+from pathlib import Path
+from types import SimpleNamespace
+
+import numpy as np
+
+from vla.policy_config import PolicyConfig
+from vla.temporal_ensemble import TemporalEnsembler
+
+
+def _text_tokenizer_class():
+    """vla/tokenizers/text.py is numpy-only, but importing it as `vla.tokenizers.text` runs the package's
+    __init__, which imports the torch-using tokenizers: load the file on its own."""
+    name = "vla._onnx_text_tokenizer"
+    if name not in sys.modules:
+        spec = importlib.util.spec_from_file_location(name, Path(__file__).parent / "tokenizers" / "text.py")
+        module = importlib.util.module_from_spec(spec)
+        sys.modules[name] = module
+        spec.loader.exec_module(module)
+    return sys.modules[name].TextTokenizer
+
+
+@dataclasses.dataclass(frozen=True)
+class RuntimeDevice:
+    type: str  # "cpu" or "cuda", as torch.device.type (what callers test)
+
+    def __str__(self) -> str:
+        return f"onnxruntime-{self.type}"
+
+
+class PolicyLoadError(ValueError):
+    """The directory holds no usable export."""
+
+
+def find_export(path: str | Path) -> Path:
+    """An export directory (with manifest.json), or a checkpoint directory holding one in export/."""
+    path = Path(path)
+    for candidate in (path, path / "export"):
+        if (candidate / "manifest.json").is_file():
+            return candidate
+    raise PolicyLoadError(f"{path}: no ONNX export (manifest.json) here or in export/; run vla-export --checkpoint")
+
+
+class OnnxPolicy:
+    def __init__(
+        self, export_dir: str | Path, config: PolicyConfig | None = None, threads: int | None = None, int8=False
+    ):
+        import onnxruntime as ort
+
+        self.dir = find_export(export_dir)
+        manifest = json.loads((self.dir / "manifest.json").read_text())
+        if manifest.get("format") != "vla-onnx-policy" or manifest.get("version") != 1:
+            raise PolicyLoadError(f"{self.dir}/manifest.json: not a vla-onnx-policy v1 manifest")
+        self.manifest = manifest
+        self.meta = {"tasks": manifest.get("tasks"), "model": manifest["model"], "data_spec": manifest["data_spec"]}
+        self.spec = SimpleNamespace(**manifest["data_spec"])
+        self.cfg = SimpleNamespace(**manifest["model"])
+        self.config = config or PolicyConfig(**manifest["policy"])
+        if self.config.n_action_steps > self.cfg.chunk:
+            raise ValueError(f"policy n_action_steps={self.config.n_action_steps} exceeds the chunk={self.cfg.chunk}")
+        if self.config.temperature > 0:
+            raise ValueError("the onnxruntime backend decodes greedily: temperature must be 0")
+        if not self.config.kv_cache:
+            raise ValueError("the onnxruntime backend always streams with the KV cache (kv_cache=False is torch-only)")
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads = options.inter_op_num_threads = threads
+        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
+        graphs = manifest["graphs"]
+        self._prefix = ort.InferenceSession(str(self.dir / graphs["prefix"]["file"]), options, providers=providers)
+        if int8 and "step_int8" not in graphs:
+            raise PolicyLoadError(f"{self.dir}: no int8 step graph; export with vla-export --int8")
+        step = graphs["step_int8" if int8 else "step"]["file"]
+        self._step = ort.InferenceSession(str(self.dir / step), options, providers=providers)
+        self.device = RuntimeDevice("cpu" if providers[0] == "CPUExecutionProvider" else "cuda")
+        self._state_names = manifest["state"]
+        self.image_keys = manifest["image_keys"]
+        self._text = _text_tokenizer_class().from_dict(manifest["tokenizers"]["text"])
+        self._mean = np.asarray(manifest["proprio"]["mean"], dtype=np.float32)
+        self._std = np.asarray(manifest["proprio"]["std"], dtype=np.float32)
+        centres = np.asarray(manifest["action"]["centres"], dtype=np.float64)  # (A, bins)
+        self._centres64, self._centres = centres, centres.astype(np.float32)
+        self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
+        self._state: dict[str, np.ndarray] | None = None
+        self._plan: np.ndarray | None = None
+        self.t = 0
+
+    @property
+    def action_dim(self) -> int:
+        return self.spec.action_dim
+
+    @property
+    def chunk(self) -> int:
+        return self.cfg.chunk
+
+    def reset(self, instruction: str) -> None:
+        """Start an episode: encode the instruction prefix once (the prefix graph) into a fresh state."""
+        if not isinstance(instruction, str) or not instruction.strip():
+            raise ValueError("reset() needs a non-empty instruction string")
+        ids = self._text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L) int64
+        self._state = dict(zip(self._state_names, self._prefix.run(None, {"instruction": ids}), strict=True))
+        self._ensembler.reset()
+        self._plan = None
+        self.t = 0
+
+    def _inputs(self, obs: dict) -> tuple[np.ndarray, np.ndarray]:
+        """obs -> image (1, n_cam, H, W, 3) uint8 and normalized proprio (1, P) float32, with clear errors."""
+        if not isinstance(obs, dict):
+            raise TypeError(f"obs must be a dict of observations, got {type(obs).__name__}")
+        size, frames = self.spec.image_size, []
+        for key in self.image_keys:
+            if key not in obs:
+                raise KeyError(f"observation is missing '{key}' (has: {', '.join(sorted(obs))})")
+            frame = np.asarray(obs[key])
+            if frame.shape != (size, size, 3) or frame.dtype != np.uint8:
+                raise ValueError(f"obs['{key}'] must be uint8 ({size}, {size}, 3), got {frame.dtype} {frame.shape}")
+            frames.append(frame)
+        if "proprio" not in obs:
+            raise KeyError(f"observation is missing 'proprio' (has: {', '.join(sorted(obs))})")
+        proprio = np.asarray(obs["proprio"], dtype=np.float32)
+        if proprio.shape != (self.spec.proprio_dim,):
+            raise ValueError(f"obs['proprio'] must have shape ({self.spec.proprio_dim},), got {proprio.shape}")
+        if not np.all(np.isfinite(proprio)):
+            raise ValueError("obs['proprio'] contains NaN or Inf")
+        norm = ((proprio - self._mean) / self._std).astype(np.float32)  # ProprioNormalizer.normalize
+        return np.ascontiguousarray(np.stack(frames)[None]), norm[None]
+
+    def _values(self, logits: np.ndarray) -> np.ndarray:
+        """One step's logits (chunk*A, bins) -> (chunk, A) action values (Policy._values)."""
+        chunk, A = self.cfg.chunk, self.spec.action_dim
+        logits = logits.reshape(chunk, A, -1).astype(np.float32)  # (chunk, A, bins)
+        if self.config.readout == "expectation":
+            z = np.exp(logits - logits.max(-1, keepdims=True))
+            probs = z / z.sum(-1, keepdims=True)  # (chunk, A, bins)
+            return (probs * self._centres).sum(-1)  # (chunk, A)
+        tokens = logits.argmax(-1)  # (chunk, A)
+        return self._centres64[np.arange(A), tokens].astype(np.float32)  # ActionTokenizer.decode
+
+    def act_chunk(self, obs: dict) -> np.ndarray:
+        """This step's action followed by the predicted next ones: (chunk - k, A) in [-1, 1] (Policy.act_chunk)."""
+        if self._state is None:
+            raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
+        image, proprio = self._inputs(obs)
+        t, self.t = self.t, self.t + 1
+        done = t % self.config.n_action_steps
+        feeds = {"image": image, "proprio": proprio, "timestep": np.array([t], dtype=np.int64), **self._state}
+        logits, *state = self._step.run(None, feeds)  # every step joins the context, planned or not
+        self._state = dict(zip(self._state_names, state, strict=True))
+        if done and self._plan is not None:
+            return self._plan[done:]
+        values = self._values(logits[0])
+        if self.config.temporal_ensemble:
+            values = self._ensembler.update(t, values)
+        self._plan = np.clip(values, -1.0, 1.0).astype(np.float32)
+        return self._plan
+
+    def act(self, obs: dict) -> np.ndarray:
+        """One action (A,) for this observation."""
+        return self.act_chunk(obs)[0]
+
+
+def load_onnx_policy(path: str | Path, threads: int | None = None, int8: bool = False, **overrides) -> OnnxPolicy:
+    """An OnnxPolicy from an export directory (or a checkpoint directory with export/); `overrides` are
+    PolicyConfig fields replacing the exported ones (readout, temporal_ensemble, n_action_steps, ...).
+    `int8`: run the dynamically quantized step graph (`vla-export --int8`)."""
+    export = find_export(path)
+    saved = json.loads((export / "manifest.json").read_text()).get("policy", {})
+    saved["kv_cache"] = True  # a saved recompute choice gives the same actions; only an explicit False is refused
+    unknown = set(overrides) - {f.name for f in dataclasses.fields(PolicyConfig)}
+    if unknown:
+        raise ValueError(f"unknown policy field(s) {sorted(unknown)}")
+    return OnnxPolicy(export, PolicyConfig(**{**saved, **overrides}), threads=threads, int8=int8)
