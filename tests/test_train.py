@@ -198,7 +198,7 @@ def _ddp_rank_with_a_nan_loss(rank: int, world: int, port: int, data: str, out: 
     try:
         train_module.train(cfg, data, __import__("pathlib").Path(out))
     except train_module.NonFiniteError:
-        Path(out, f"rank{rank}.nonfinite").write_text("raised")
+        Path(out, f"rank{rank}.nonfinite").write_text(str(torch.initial_seed()))  # the rank's dropout seed
         return
     Path(out, f"rank{rank}.finished").write_text("no error")
 
@@ -220,3 +220,5 @@ def test_ddp_a_nonfinite_loss_on_one_rank_stops_every_rank_instead_of_hanging(ti
     while not ctx.join(timeout=5):
         assert time.time() < deadline, "DDP ranks hung on a non-finite loss"
     assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0.nonfinite", "rank1.nonfinite"]
+    seeds = {(tmp_path / f"rank{r}.nonfinite").read_text() for r in (0, 1)}
+    assert len(seeds) == 2  # each rank draws its own dropout masks (the weights start equal: DDP checks that)
