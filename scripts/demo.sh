@@ -12,14 +12,7 @@ EVAL_EPISODES="${EVAL_EPISODES:-50}"             # evaluation episodes per task 
 mkdir -p "$RUN" data
 : > "$RUN/stage_times.txt"
 
-stage() { printf '\n== %s ==\n' "$*"; }
-timed() {  # timed NAME CMD...: run, print and record the stage's wall-clock time
-  local name=$1; shift
-  local t0=$SECONDS
-  "$@"
-  echo "$name $((SECONDS - t0))" >> "$RUN/stage_times.txt"
-  echo "($name took $((SECONDS - t0)) s)"
-}
+source scripts/stages.sh  # stage, timed
 
 stage "1/6 scripted experts on the evaluation seeds (what the policy is measured against)"
 timed experts python -m envs --episodes "$EVAL_EPISODES" --seed 100000 --json "$RUN/experts.json" \

@@ -18,14 +18,7 @@ EVAL_SEED=100000
 mkdir -p "$RUN" "$(dirname "$DATA")"
 : > "$RUN/stage_times.txt"
 
-stage() { printf '\n== %s ==\n' "$*"; }
-timed() {  # timed NAME CMD...: run, print and record the stage's wall-clock time
-  local name=$1; shift
-  local t0=$SECONDS
-  "$@"
-  echo "$name $((SECONDS - t0))" >> "$RUN/stage_times.txt"
-  echo "($name took $((SECONDS - t0)) s)"
-}
+source scripts/stages.sh  # stage, timed
 
 if ! python -c "import metaworld" 2>/dev/null; then
   echo "error: Meta-World is not installed; run: pip install -e '.[metaworld]' (make setup does)" >&2

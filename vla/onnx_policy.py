@@ -21,6 +21,8 @@ from types import SimpleNamespace
 
 import numpy as np
 
+from vla.config import from_dict
+from vla.observation import check_observation
 from vla.policy_config import PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
 
@@ -122,25 +124,9 @@ class OnnxPolicy:
 
     def _inputs(self, obs: dict) -> tuple[np.ndarray, np.ndarray]:
         """obs -> image (1, n_cam, H, W, 3) uint8 and normalized proprio (1, P) float32, with clear errors."""
-        if not isinstance(obs, dict):
-            raise TypeError(f"obs must be a dict of observations, got {type(obs).__name__}")
-        size, frames = self.spec.image_size, []
-        for key in self.image_keys:
-            if key not in obs:
-                raise KeyError(f"observation is missing '{key}' (has: {', '.join(sorted(obs))})")
-            frame = np.asarray(obs[key])
-            if frame.shape != (size, size, 3) or frame.dtype != np.uint8:
-                raise ValueError(f"obs['{key}'] must be uint8 ({size}, {size}, 3), got {frame.dtype} {frame.shape}")
-            frames.append(frame)
-        if "proprio" not in obs:
-            raise KeyError(f"observation is missing 'proprio' (has: {', '.join(sorted(obs))})")
-        proprio = np.asarray(obs["proprio"], dtype=np.float32)
-        if proprio.shape != (self.spec.proprio_dim,):
-            raise ValueError(f"obs['proprio'] must have shape ({self.spec.proprio_dim},), got {proprio.shape}")
-        if not np.all(np.isfinite(proprio)):
-            raise ValueError("obs['proprio'] contains NaN or Inf")
+        frames, proprio = check_observation(obs, self.image_keys, self.spec.image_size, self.spec.proprio_dim)
         norm = ((proprio - self._mean) / self._std).astype(np.float32)  # ProprioNormalizer.normalize
-        return np.ascontiguousarray(np.stack(frames)[None]), norm[None]
+        return np.ascontiguousarray(frames[None]), norm[None]
 
     def _values(self, logits: np.ndarray) -> np.ndarray:
         """One step's logits (chunk*A, bins) -> (chunk, A) action values (Policy._values)."""
@@ -183,7 +169,5 @@ def load_onnx_policy(path: str | Path, threads: int | None = None, int8: bool = 
     export = find_export(path)
     saved = json.loads((export / "manifest.json").read_text()).get("policy", {})
     saved["kv_cache"] = True  # a saved recompute choice gives the same actions; only an explicit False is refused
-    unknown = set(overrides) - {f.name for f in dataclasses.fields(PolicyConfig)}
-    if unknown:
-        raise ValueError(f"unknown policy field(s) {sorted(unknown)}")
-    return OnnxPolicy(export, PolicyConfig(**{**saved, **overrides}), threads=threads, int8=int8)
+    config = from_dict(PolicyConfig, {**saved, **overrides}, "policy")  # a bad override: one line, nearest key
+    return OnnxPolicy(export, config, threads=threads, int8=int8)

@@ -22,6 +22,7 @@ from vla.checkpoint import CheckpointError, load_checkpoint
 from vla.config import ConfigError, from_dict
 from vla.dataset import Tokenizers
 from vla.model import ActionTransformer, DataSpec, ModelConfig
+from vla.observation import check_observation
 from vla.policy_config import PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
 
@@ -86,25 +87,8 @@ class Policy:
 
     def _inputs(self, obs: dict) -> tuple[torch.Tensor, torch.Tensor]:
         """obs -> image (1, n_cam, H, W, 3) uint8 and normalized proprio (1, P), with clear errors."""
-        if not isinstance(obs, dict):
-            raise TypeError(f"obs must be a dict of observations, got {type(obs).__name__}")
-        size = self.spec.image_size
-        frames = []
-        for key in self.image_keys:
-            if key not in obs:
-                raise KeyError(f"observation is missing '{key}' (has: {', '.join(sorted(obs))})")
-            frame = np.asarray(obs[key])
-            if frame.shape != (size, size, 3) or frame.dtype != np.uint8:
-                raise ValueError(f"obs['{key}'] must be uint8 ({size}, {size}, 3), got {frame.dtype} {frame.shape}")
-            frames.append(frame)
-        if "proprio" not in obs:
-            raise KeyError(f"observation is missing 'proprio' (has: {', '.join(sorted(obs))})")
-        proprio = np.asarray(obs["proprio"], dtype=np.float32)
-        if proprio.shape != (self.spec.proprio_dim,):
-            raise ValueError(f"obs['proprio'] must have shape ({self.spec.proprio_dim},), got {proprio.shape}")
-        if not np.all(np.isfinite(proprio)):
-            raise ValueError("obs['proprio'] contains NaN or Inf")
-        image = torch.from_numpy(np.stack(frames)[None]).to(self.device)  # (1, n_cam, H, W, 3)
+        frames, proprio = check_observation(obs, self.image_keys, self.spec.image_size, self.spec.proprio_dim)
+        image = torch.from_numpy(frames[None]).to(self.device)  # (1, n_cam, H, W, 3)
         norm = self.tok.proprio.normalize(proprio).astype(np.float32)
         return image, torch.from_numpy(norm[None]).to(self.device)  # (1, P)
 
