@@ -14,7 +14,7 @@ knows which slot is next.
 
 from __future__ import annotations
 
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 
 import torch
 
@@ -34,6 +34,7 @@ class KVCache:
     n_steps: int = 0  # steps appended since `start` (the next step goes to slot n_steps % K)
     started: bool = False  # has `start` encoded an instruction since the last reset
     film_ctx: torch.Tensor | None = None  # (B, 2d) instruction summary for a FiLM stem, set by start
+    _layout: tuple | None = field(default=None, repr=False)  # (pos, slot, index) of the buffer, built once
 
     @property
     def window(self) -> int:
@@ -68,12 +69,21 @@ class KVCache:
         return self.instruction_len + slot * self.tokens_per_step
 
     def coords(self) -> TokenCoords:
-        """Where every buffer position sits (for the attention rule): instruction, then the K slots."""
-        L, S, K, dev = self.instruction_len, self.tokens_per_step, self.window, self.kv.device
+        """Where every buffer position sits (for the attention rule): instruction, then the K slots. The
+        layout part is built once per cache (this runs every control step); times and validity are live."""
+        L, S, K = self.instruction_len, self.tokens_per_step, self.window
+        if self._layout is None:
+            dev = self.kv.device
+            self._layout = (
+                torch.arange(L + K * S, device=dev),
+                torch.cat([torch.full((L,), -1, device=dev), torch.arange(K, device=dev).repeat_interleave(S)]),
+                torch.cat([torch.arange(L, device=dev), torch.arange(S, device=dev).repeat(K)]),
+            )
+        pos, slot, index = self._layout
         return TokenCoords(
-            pos=torch.arange(L + K * S, device=dev),
-            slot=torch.cat([torch.full((L,), -1, device=dev), torch.arange(K, device=dev).repeat_interleave(S)]),
-            index=torch.cat([torch.arange(L, device=dev), torch.arange(S, device=dev).repeat(K)]),
+            pos=pos,
+            slot=slot,
+            index=index,
             time=torch.cat(
                 [self.slot_timestep.new_zeros(self.batch_size, L), self.slot_timestep.repeat_interleave(S, 1)], 1
             ),
