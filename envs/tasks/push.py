@@ -67,9 +67,16 @@ class Push(Task):
 
 
 class PushExpert(Expert):
-    """Get behind the block on the block-to-target line, lower, push; lift and re-align if off line."""
+    """Markovian: the action is a function of the current scene alone, with no hidden phase.
 
-    APPROACH, DESCEND, PUSH = range(3)
+    A policy that sees the scene can then learn the expert exactly (every state has one action), and the
+    decision regions are wide, so a policy's small drift stays inside the same behaviour instead of
+    flipping between "push" and "go round again":
+    - low and behind the block, near its line to the target: push toward the spot the grip point will
+      be at when the block sits on the target (steering back onto the line on the way);
+    - above the spot behind the block: descend onto it;
+    - low anywhere else: rise straight up; otherwise travel to above that spot at the safe height.
+    """
 
     def plan(self):
         scene, layout = self.scene, self.layout
@@ -77,26 +84,17 @@ class PushExpert(Expert):
         target = layout.target_xy[layout.roles["target"]]
         to_target = target - block
         direction = to_target / max(np.linalg.norm(to_target), 1e-6)
-        behind = block - direction * BEHIND_M
+        spot = block - direction * (BEHIND_M + 0.01)  # where the gripper goes down
         ee = scene.ee_pos
         rel = ee[:2] - block
         along = float(np.dot(rel, direction))  # negative when the gripper is behind the block
         lateral = float(abs(rel[0] * direction[1] - rel[1] * direction[0]))
+        behind_block = -BEHIND_M - 0.03 < along < -BEHIND_M + 0.02 and lateral < 0.02
 
-        if self.phase == self.PUSH and (lateral > 0.012 or along > -BEHIND_M + 0.02):
-            self.phase = self.APPROACH  # the block turned or slipped away: go round again
-        if self.phase == self.APPROACH:
-            above = np.array([*(behind - direction * 0.01), TRAVEL_Z])
-            if ee[2] < TRAVEL_Z - 0.02 and np.linalg.norm(ee[:2] - above[:2]) > 0.02:
-                return move_toward(scene, [*ee[:2], TRAVEL_Z], CLOSE)  # lift before moving across
-            if np.linalg.norm(ee[:2] - above[:2]) < 0.01:
-                self.phase = self.DESCEND
-            return move_toward(scene, above, CLOSE)
-        if self.phase == self.DESCEND:
-            goal = np.array([*(behind - direction * 0.01), PUSH_Z])
-            if abs(ee[2] - PUSH_Z) < 0.008:
-                self.phase = self.PUSH
-            return move_toward(scene, goal, CLOSE)
-        # PUSH: aim the grip point where it will be when the block sits on the target.
-        goal = np.array([*(target - direction * BEHIND_M), PUSH_Z])
-        return move_toward(scene, goal, CLOSE, gain=0.6)
+        if behind_block and ee[2] < PUSH_Z + 0.012:
+            return move_toward(scene, [*(target - direction * BEHIND_M), PUSH_Z], CLOSE, gain=0.6)
+        if np.linalg.norm(ee[:2] - spot) < 0.015:
+            return move_toward(scene, [*spot, PUSH_Z], CLOSE)
+        if ee[2] < TRAVEL_Z - 0.02:
+            return move_toward(scene, [*ee[:2], TRAVEL_Z], CLOSE)  # rise before moving across
+        return move_toward(scene, [*spot, TRAVEL_Z], CLOSE)
