@@ -14,11 +14,11 @@ mkdir -p "$RUN" data
 
 source scripts/stages.sh  # stage, timed
 
-stage "1/6 scripted experts on the evaluation seeds (what the policy is measured against)"
+stage "1/7 scripted experts on the evaluation seeds (what the policy is measured against)"
 timed experts python -m envs --episodes "$EVAL_EPISODES" --seed 100000 --json "$RUN/experts.json" \
   --contact-sheet "$RUN/tasks.png"
 
-stage "2/6 collect $EPISODES_PER_TASK demonstrations per task into $DATA"
+stage "2/7 collect $EPISODES_PER_TASK demonstrations per task into $DATA"
 resume=""
 if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
 # --noise: the expert's motion is perturbed and its clean action recorded too (DART), so the data shows
@@ -27,7 +27,7 @@ timed collect vla-collect --tasks all --episodes-per-task "$EPISODES_PER_TASK" -
   --noise 0.3 $resume
 vla-data validate "$DATA"
 
-stage "3/6 train configs/demo.yaml into $RUN"
+stage "3/7 train configs/demo.yaml into $RUN"
 if [ -f "$RUN/summary.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['finished'] else 1)" "$RUN/summary.json"; then
   echo "already trained ($RUN/summary.json)"
 elif [ -f "$RUN/latest/train_state.pt" ]; then
@@ -36,15 +36,19 @@ else
   timed train vla-train --config configs/demo.yaml --data "$DATA" --out "$RUN"
 fi
 
-stage "4/6 evaluate: $EVAL_EPISODES fresh episodes per task"
+stage "4/7 evaluate: $EVAL_EPISODES fresh episodes per task"
 timed eval vla-eval --checkpoint "$RUN" --episodes-per-task "$EVAL_EPISODES" --workers 2 \
   --json "$RUN/eval.json" --video "$RUN/videos"
 
-stage "5/6 language grounding: the same scenes, the target colour swapped for a distractor's"
+stage "5/7 language grounding: the same scenes, the target colour swapped for a distractor's"
 timed grounding vla-eval --checkpoint "$RUN" --episodes-per-task 20 --workers 2 --instructions swap_colour \
   --json "$RUN/eval_swap_colour.json"
 
-stage "6/6 deploy: 20 Hz fixed-rate loop, 50 ms budget, streaming KV cache"
+stage "6/7 language generalization: the same scenes, each instruction rephrased by the held-out grammar"
+timed paraphrase vla-eval --checkpoint "$RUN" --episodes-per-task 20 --workers 2 --instructions paraphrase \
+  --json "$RUN/eval_paraphrase.json"
+
+stage "7/7 deploy: 20 Hz fixed-rate loop, 50 ms budget, streaming KV cache"
 timed deploy vla-deploy --checkpoint "$RUN" --task tabletop/PickPlace-v0 --hz 20 --budget-ms 50 --seconds 8 \
   --json "$RUN/deploy.json"
 

@@ -13,6 +13,8 @@ def test_summary_of_a_run_directory(tmp_path):
     (tmp_path / "experts.json").write_text(json.dumps({"rows": [{"task": task, "success_rate": 1.0}]}))
     swap = {"tasks": {task: {"success_rate": 0.1}}, "overall": {"success_rate": 0.1}}
     (tmp_path / "eval_swap_colour.json").write_text(json.dumps(swap))
+    para = {"tasks": {task: {"success_rate": 0.72}}, "overall": {"success_rate": 0.72}}
+    (tmp_path / "eval_paraphrase.json").write_text(json.dumps(para))
     dep = {"latency_ms": {"p50": 3.0, "p95": 4.0, "p99": 5.5, "max": 7.0}, "steps": 100, "deadline_misses": 0,
            "fallbacks": 0, "success": True, "hz": 20, "budget_ms": 50}  # fmt: skip
     (tmp_path / "deploy.json").write_text(json.dumps(dep))
@@ -20,7 +22,8 @@ def test_summary_of_a_run_directory(tmp_path):
     lines = [{"step": s, "loss": 3.0 / s, "accuracy/dim0": 0.5} for s in (1, 2, 3)] + [{"step": 3, "valid/loss": 1.2}]
     (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
     text = summary(tmp_path)
-    assert f"| {task} | 90% (50) | [79%, 96%] | 100% | 10% |" in text
+    assert f"| {task} | 90% (50) | [79%, 96%] | 100% | 10% | 72% |" in text
+    assert "held-out paraphrases reach 80% of the in-distribution success" in text
     assert "p50 3.0 ms" in text and "p99 5.5 ms" in text
     assert "collect 40 s, train 900 s" in text and "total: 940 s" in text
     assert (tmp_path / "training_curves.png").stat().st_size > 1000

@@ -33,7 +33,7 @@ def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     assert train(tiny_dataset, out, "train.steps=80", "train.log_every=10") == 0
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
     assert len(losses) == 8
-    assert losses[-1] < 0.6 * losses[0], losses
+    assert losses[-1] < 0.65 * losses[0], losses  # one batch's loss: 0.595 of the first before, 0.603 with paraphrases
     for name in ("model.safetensors", "config.json", "latest/train_state.pt", "run_config.json", "best/config.json"):
         assert (out / name).is_file(), name
     kept = {d.name for d in (out / "checkpoints").iterdir()}  # only what `latest` and `best` point to

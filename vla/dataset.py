@@ -56,20 +56,35 @@ def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> Ep
 
 
 def fit_tokenizers(
-    path: str | os.PathLike | EpisodeSource, split: str, keys: ObsKeys | None, action_bins: int, action_mode: str
+    path: str | os.PathLike | EpisodeSource,
+    split: str,
+    keys: ObsKeys | None,
+    action_bins: int,
+    action_mode: str,
+    paraphrase_vocabulary: bool = False,
 ) -> Tokenizers:
-    """Fit the text vocabulary, action bins and proprio statistics on one split (no images read)."""
+    """Fit the text vocabulary, action bins and proprio statistics on one split (no images read).
+
+    `paraphrase_vocabulary`: when the split holds tabletop tasks, the training grammar's words
+    (`envs.language`) join the vocabulary, so every synonym that instruction augmentation uses has an id."""
     instructions, actions, proprio = [], [], []
     src = _source(path, keys)
     path = src.path
     names = src.names(split)
     if not names:
         raise DatasetError(f"{path}: split '{split}' is empty; nothing to train on")
+    tasks = set()
     for name in names:
         demo = src.read(name, images=False)
         instructions.append(demo.instruction)
         actions.append(demo.actions)
         proprio.append(demo.proprio)
+        tasks.add(src.meta(name)["task"])
+    if paraphrase_vocabulary:
+        from envs import language
+
+        if any(language.task_name(t) for t in tasks):
+            instructions += sorted(language.TRAIN_VOCABULARY)  # one "text" per word: each gets an id
     acts = np.concatenate(actions)
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
@@ -90,6 +105,9 @@ def data_fingerprint(path: str | os.PathLike | EpisodeSource, split: str, keys: 
         h.update(np.ascontiguousarray(demo.actions, dtype=np.float32).tobytes())
         h.update(np.ascontiguousarray(demo.proprio, dtype=np.float32).tobytes())
     return h.hexdigest()[:16]
+
+
+_INSTRUCTION_STREAM = 0x1A46  # keeps the augmentation's generators apart from the sampler's ([seed, epoch])
 
 
 def _left_pad(steps: np.ndarray, K: int) -> torch.Tensor:
@@ -114,15 +132,19 @@ class WindowDataset(Dataset):
         preload: bool = False,
         aux_key: str = "",
         keypoint_key: str = "",
+        instruction_augment: float = 0.0,
+        seed: int = 0,
     ):
         self.source = _source(path, keys)
+        # Instruction augmentation (`envs.language.augment`): the chance of a paraphrase; 0 = the demo's own.
+        self.instruction_augment, self.seed = instruction_augment, seed
         self.path, self.split, self.keys = str(self.source.path), split, self.source.keys
         self.tok, self.window, self.chunk, self.instruction_len = tokenizers, window, chunk, instruction_len
         src = self.source
         self.names = src.names(split)
         metas = [src.meta(n) for n in self.names]
         # Actions, proprio and instructions are small: tokenize them all once, up front.
-        self.actions, self.action_is_pad, self.proprio, self.instructions = [], [], [], []
+        self.actions, self.action_is_pad, self.proprio, self.instructions, self.instruction_texts = [], [], [], [], []
         self.aux, self.keypoint_targets = [], []
         for name in self.names:
             demo = src.read(name, images=False)
@@ -134,9 +156,8 @@ class WindowDataset(Dataset):
             self.actions.append(targets)
             self.action_is_pad.append(is_pad)
             self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
-            self.instructions.append(
-                np.asarray(self.tok.text.encode_batch([demo.instruction], instruction_len)[0], dtype=np.int64)
-            )
+            self.instruction_texts.append(demo.instruction)
+            self.instructions.append(self._encode(demo.instruction))
         self.images = [src.frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
@@ -183,6 +204,22 @@ class WindowDataset(Dataset):
     def __len__(self) -> int:
         return len(self.index)
 
+    def _encode(self, text: str) -> np.ndarray:
+        return np.asarray(self.tok.text.encode_batch([text], self.instruction_len)[0], dtype=np.int64)  # (L,)
+
+    def instruction_text(self, i: int) -> str:
+        """The instruction sample `i` carries: the demo's own, or its augmented draw (the same on every call:
+        the draw's generator comes from the seed and the sample index, so a resumed run and every DataLoader
+        worker see what an uninterrupted single-process run does)."""
+        d = int(self.index[i][0])
+        if self.instruction_augment <= 0:
+            return self.instruction_texts[d]
+        from envs import language
+
+        rng = np.random.default_rng([self.seed, _INSTRUCTION_STREAM, i])
+        fits = lambda text: len(self.tok.text.encode(text)) <= self.instruction_len  # noqa: E731 - nothing cut
+        return language.augment(self.tasks[d], self.instruction_texts[d], rng, self.instruction_augment, fits)
+
     def _frames(self, d: int, start: int, stop: int) -> np.ndarray:
         if self.images is not None:
             return self.images[d][start:stop]
@@ -196,8 +233,9 @@ class WindowDataset(Dataset):
         image = _left_pad(self._frames(d, start, t + 1)[:, None], K)  # (K, n_cam=1, H, W, 3)
         timestep = np.arange(t - K + 1, t + 1, dtype=np.int64).clip(min=0)  # episode step index
         step_mask = np.arange(K) >= pad
+        instruction = self._encode(self.instruction_text(i)) if self.instruction_augment > 0 else self.instructions[d]
         item = {
-            "instruction": torch.from_numpy(self.instructions[d]),
+            "instruction": torch.from_numpy(instruction),
             "image": image,
             "proprio": _left_pad(self.proprio[d][start : t + 1], K),  # (K, P)
             "timestep": torch.from_numpy(timestep),

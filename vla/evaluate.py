@@ -8,7 +8,9 @@ the mean episode length, and the overall rate, as a table and as JSON:
      "policy": {"device", "kv_cache", "readout", ...}}   (the settings the policy ran with, in every worker)
 `--instructions` probes language grounding: "swap_colour" names a distractor block instead of the
 target, "other_task" gives the instruction of another task in the same scene; a policy that reads
-the instruction should then fail.
+the instruction should then fail. "paraphrase" rephrases the episode's own instruction with the
+held-out part of envs/language.py's grammar (same task, same colour words, frames and words training
+never used): a policy that understands instructions, not just their templates, should still succeed.
 """
 
 from __future__ import annotations
@@ -80,6 +82,14 @@ def probe_instruction(env, mode: str, rng: np.random.Generator) -> str:
             "base": next(c for c in layout.block_colours if c != block),
         }
         return other.phrase(rng, **words)
+    if mode == "paraphrase":
+        from envs import language
+
+        task = getattr(base, "task_name", env.spec.id)
+        colours = language.parse(task, own)
+        if colours is None:
+            raise UserError(f"--instructions paraphrase needs a tabletop task's instruction; {task}: {own!r}")
+        return language.paraphrase(task, colours, rng, language.HELD_OUT)
     raise ValueError(f"unknown instruction probe {mode!r}")
 
 
@@ -151,7 +161,7 @@ def evaluate(
     bar.close()
     result = summarize(outcomes)
     result["episodes_detail"] = {
-        t: [{k: e[k] for k in ("success", "length")} for e in eps] for t, eps in outcomes.items()
+        t: [{k: e[k] for k in ("success", "length", "instruction")} for e in eps] for t, eps in outcomes.items()
     }
     return result
 
@@ -182,7 +192,7 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
         ep = run_episode(env, policy, s, instructions, record)
         if record:
             save_video(video_path(video_dir, task, s, ep["success"]), ep["frames"])
-        eps.append({"success": ep["success"], "length": ep["length"]})
+        eps.append({"success": ep["success"], "length": ep["length"], "instruction": ep["instruction"]})
     env.close()
     return task, eps, policy_info(policy)
 
@@ -281,9 +291,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--instructions",
-        choices=["own", "swap_colour", "other_task"],
+        choices=["own", "swap_colour", "other_task", "paraphrase"],
         default="own",
-        help="grounding probe: give each episode a wrong instruction (default: its own)",
+        help="grounding probe: give each episode a wrong instruction (swap_colour, other_task) or a held-out "
+        "rephrasing of its own (paraphrase); default: its own",
     )
     parser.add_argument(
         "--attention",

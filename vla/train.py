@@ -115,15 +115,17 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
     source = open_data(cfg.data, path)
     keys = source.keys
     if tokenizers is None:
-        tokenizers = fit_tokenizers(source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode)
+        tokenizers = fit_tokenizers(source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode,
+                                    paraphrase_vocabulary=cfg.data.instruction_augment > 0)  # fmt: skip
 
-    def windows(split: str) -> WindowDataset:
+    def windows(split: str, instruction_augment: float = 0.0) -> WindowDataset:
         return WindowDataset(
             source, split, tokenizers, cfg.model.window, cfg.model.chunk, cfg.model.instruction_len, keys,
             preload=cfg.data.preload, aux_key=cfg.data.aux_key, keypoint_key=cfg.data.keypoint_key,
+            instruction_augment=instruction_augment, seed=cfg.train.seed,
         )  # fmt: skip
 
-    train_set = windows(cfg.data.train_split)
+    train_set = windows(cfg.data.train_split, cfg.data.instruction_augment)  # validation: the demos' own
     valid_set = None
     if cfg.data.valid_split and cfg.eval.valid_batches > 0:
         try:

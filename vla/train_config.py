@@ -29,6 +29,10 @@ class DataConfig:
     preload: bool = True  # decode every frame into RAM once (small datasets); else read lazily
     num_workers: int = 0  # DataLoader worker processes
     augment_shift: int = 0  # random-shift augmentation, pixels (pad + random crop); 0 = off
+    # Chance that a training window's instruction is replaced by a paraphrase of the same task and colours
+    # (envs/language.py's training grammar; tabletop data only); > 0 also drops function words and injects
+    # made-up words, and adds the grammar's words to the vocabulary. 0 = off: every demo's own instruction.
+    instruction_augment: float = 0.8
     action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
     # Privileged targets, used when the file has them (a notice says when it does not): our collector
     # records them; real robot data has none, and the policy then trains without these losses.
@@ -42,6 +46,8 @@ class DataConfig:
             raise ValueError(
                 f"data.image_size={self.image_size} must be >= 0, data.valid_fraction={self.valid_fraction} in [0, 1)"
             )
+        if not 0 <= self.instruction_augment <= 1:
+            raise ValueError(f"data.instruction_augment={self.instruction_augment} must be a probability in [0, 1]")
         if self.keypoint_key and self.augment_shift:
             raise ValueError(
                 f"keypoint_key={self.keypoint_key!r} needs augment_shift: 0 (a shifted frame moves the objects "
