@@ -22,9 +22,9 @@ alternative with probability `novel` (else a training one), so most carry words 
 vocabulary. Drawing is deterministic given the numpy Generator.
 
 `augment` is the training-time noise on top: a paraphrase (tabletop tasks), then word dropout of
-function words and an injected made-up word (the tokenizer spells it as bytes, so the policy learns to
-ignore byte-spelled words it does not know). Instructions of other datasets (no parse against the task's
-templates) keep every content word: they get only the dropout of function words.
+function words and an injected made-up word (the tokenizer reads it as its one `<unk>` token, so the
+policy learns that a word it does not know carries no meaning). Instructions of other datasets (no parse
+against the task's templates) keep every content word: they get only the dropout of function words.
 """
 
 from __future__ import annotations

@@ -105,14 +105,27 @@ def test_text_roundtrip_normalized():
 
 
 def test_text_unseen_words_and_characters_fall_back_to_bytes():
-    tok = TextTokenizer.fit(INSTRUCTIONS)
+    tok = TextTokenizer.fit(INSTRUCTIONS, unknown="bytes")
     for s in ["put the zebra in the bowl", "stack the crème brûlée", "把红色方块放进碗里", "go 🤖 now", "tab\tsep"]:
         assert tok.decode(tok.encode(s)) == " ".join(s.lower().split())
     assert tok.encode("") == [BOS_ID] and tok.decode([BOS_ID]) == ""
 
 
+def test_text_unseen_pieces_are_one_unk_token_each():
+    tok = TextTokenizer.fit(INSTRUCTIONS)  # the default: unknown="unk"
+    seen, unseen = tok.encode("put the red block"), tok.encode("put the crimson cuboid")
+    assert len(unseen) == len(seen) and unseen[:3] == seen[:3]
+    assert unseen[3] == unseen[4] and tok.decode(unseen) == "put the <unk> <unk>"
+    assert tok.encode("put the <unk>") != unseen  # typed text cannot forge the sentinel
+    assert tok.decode(tok.encode("put 🤖 the")) == "put <unk> the"
+    again = TextTokenizer.from_dict(tok.to_dict())
+    assert again.unknown == "unk" and again.encode("put the crimson cuboid") == unseen
+    old = {"kind": "word+byte", "version": 1, "pad_id": 0, "bos_id": 1, "words": [" put"]}  # before <unk>
+    assert TextTokenizer.from_dict(old).encode("put x") == [BOS_ID, 2 + 256, 2 + ord(" "), 2 + ord("x")]
+
+
 def test_text_truncation_and_batch_padding():
-    tok = TextTokenizer.fit(INSTRUCTIONS)
+    tok = TextTokenizer.fit(INSTRUCTIONS, unknown="bytes")
     ids = tok.encode(INSTRUCTIONS[0], max_len=4)
     assert len(ids) == 4 and tok.decode(ids) == "put the red"
     batch = tok.encode_batch(INSTRUCTIONS + ["xyz"], max_len=12)
