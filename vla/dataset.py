@@ -24,6 +24,8 @@ from torch.utils.data import Dataset
 
 from vla.hdf5_format import DatasetError, ObsKeys
 from vla.sources import EpisodeSource, open_source
+from vla.text_encoder import KIND as ENCODER_KIND
+from vla.text_encoder import EncoderTokenizer
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 
 
@@ -31,9 +33,14 @@ from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 class Tokenizers:
     """Everything that turns raw observations/actions into model inputs; saved with a checkpoint."""
 
-    text: TextTokenizer
+    text: TextTokenizer | EncoderTokenizer  # a word table, or a pretrained text encoder's own tokenizer
     action: ActionTokenizer
     proprio: ProprioNormalizer
+
+    @property
+    def text_fingerprint(self) -> str:
+        """The text encoder folder's fingerprint (vla/text_encoder.py), "" for the word table."""
+        return self.text.fingerprint if isinstance(self.text, EncoderTokenizer) else ""
 
     def to_dict(self) -> dict:
         return {
@@ -45,7 +52,7 @@ class Tokenizers:
     @classmethod
     def from_dict(cls, d: dict) -> Tokenizers:
         return cls(
-            text=TextTokenizer.from_dict(d["text"]),
+            text=(EncoderTokenizer if d["text"].get("kind") == ENCODER_KIND else TextTokenizer).from_dict(d["text"]),
             action=ActionTokenizer.from_dict(d["action"]),
             proprio=ProprioNormalizer.from_dict(d["proprio"]),
         )
@@ -56,9 +63,15 @@ def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> Ep
 
 
 def fit_tokenizers(
-    path: str | os.PathLike | EpisodeSource, split: str, keys: ObsKeys | None, action_bins: int, action_mode: str
+    path: str | os.PathLike | EpisodeSource,
+    split: str,
+    keys: ObsKeys | None,
+    action_bins: int,
+    action_mode: str,
+    text_encoder: str | None = None,
 ) -> Tokenizers:
-    """Fit the text vocabulary, action bins and proprio statistics on one split (no images read)."""
+    """Fit the text vocabulary, action bins and proprio statistics on one split (no images read). With
+    `text_encoder` (a local model folder) the instructions use that encoder's tokenizer instead of a word table."""
     instructions, actions, proprio = [], [], []
     src = _source(path, keys)
     path = src.path
@@ -74,7 +87,7 @@ def fit_tokenizers(
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
     return Tokenizers(
-        text=TextTokenizer.fit(instructions),
+        text=EncoderTokenizer.open(text_encoder) if text_encoder else TextTokenizer.fit(instructions),
         action=ActionTokenizer(bins=action_bins, mode=action_mode).fit(acts),
         proprio=ProprioNormalizer.fit(np.concatenate(proprio)),
     )

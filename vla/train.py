@@ -115,7 +115,9 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
     source = open_data(cfg.data, path)
     keys = source.keys
     if tokenizers is None:
-        tokenizers = fit_tokenizers(source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode)
+        tokenizers = fit_tokenizers(
+            source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode, cfg.model.text_encoder
+        )
 
     def windows(split: str) -> WindowDataset:
         return WindowDataset(
@@ -144,6 +146,7 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
         action_dim=tokenizers.action.action_dim,
         vocab_size=tokenizers.text.vocab_size,
         aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
+        text_fingerprint=tokenizers.text_fingerprint,
     )
     fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
     return TrainData(
