@@ -9,6 +9,8 @@ import json
 import os
 import re
 import shutil
+import subprocess
+import sys
 
 import gymnasium as gym
 import numpy as np
@@ -250,3 +252,13 @@ def test_resume_with_an_encoder_continues_the_run(run, tmp_path):
     meta = load_meta(resumed)
     assert meta["step"] == 14 and meta["tokenizers"]["text"] == load_meta(run)["tokenizers"]["text"]
     assert json.loads((resumed / "summary.json").read_text())["finished"]
+
+
+def test_the_core_never_imports_transformers_without_a_text_encoder(tiny_checkpoint):
+    code = (
+        "import sys; from vla.policy import load_policy; import vla.train; "
+        f"p = load_policy({str(tiny_checkpoint)!r}, device='cpu'); p.reset('put the red block in the bin'); "
+        "assert 'transformers' not in sys.modules, 'transformers was imported'"
+    )
+    result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
+    assert result.returncode == 0, result.stderr
