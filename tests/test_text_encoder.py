@@ -229,18 +229,22 @@ def test_loading_against_a_changed_encoder_is_refused_in_one_line(run, encoder, 
     load_policy(run, device="cpu")  # the restored folder loads again
 
 
-def test_loading_with_the_encoder_folder_missing_is_refused_in_one_line(run, encoder):
+def test_loading_with_the_encoder_folder_missing_is_refused_in_one_line_or_found_where_it_moved(run, encoder):
     moved = encoder.with_name("elsewhere")
+    recorded = load_meta(run)["data_spec"]["text_fingerprint"]
     os.replace(encoder, moved)
     try:
         with pytest.raises(TextEncoderError, match="folder is missing") as e:
             load_policy(run, device="cpu")
         message = str(e.value)
-        assert (
-            "\n" not in message
-            and str(encoder.resolve()) in message
-            and load_meta(run)["data_spec"]["text_fingerprint"] in message
-        )
+        assert "\n" not in message and str(encoder.resolve()) in message and recorded in message, message
+        policy = load_policy(run, device="cpu", text_encoder=moved)  # the same encoder, somewhere else
+        assert policy.model.text_encoder.path == policy.tok.text.path == str(moved.resolve())
+        vocab = (moved / "vocab.txt").read_text()
+        (moved / "vocab.txt").write_text(vocab + "zebra\n")  # no longer the same encoder
+        with pytest.raises(TextEncoderError, match=f"differs from {recorded}"):
+            load_policy(run, device="cpu", text_encoder=moved)
+        (moved / "vocab.txt").write_text(vocab)
     finally:
         os.replace(moved, encoder)
 
@@ -262,3 +266,8 @@ def test_the_core_never_imports_transformers_without_a_text_encoder(tiny_checkpo
     )
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=120)
     assert result.returncode == 0, result.stderr
+
+
+def test_a_text_encoder_for_a_word_table_checkpoint_is_refused(tiny_checkpoint, encoder):
+    with pytest.raises(TextEncoderError, match="this checkpoint has no text encoder"):
+        load_policy(tiny_checkpoint, device="cpu", text_encoder=encoder)

@@ -92,6 +92,17 @@ def checked_dir(path: str | os.PathLike, expected: str | None) -> tuple[Path, st
     return folder, actual
 
 
+def relocated(meta: dict, path: str | os.PathLike) -> dict:
+    """A checkpoint's config.json with its text encoder folder at `path` (the same encoder, moved: the
+    recorded fingerprint still decides whether it loads)."""
+    text = meta.get("tokenizers", {}).get("text", {})
+    if text.get("kind") != KIND:
+        raise TextEncoderError(f"text_encoder={str(path)!r} given, but this checkpoint has no text encoder")
+    folder = str(Path(path).expanduser().resolve())
+    tokenizers = {**meta["tokenizers"], "text": {**text, "path": folder}}
+    return {**meta, "model": {**meta["model"], "text_encoder": folder}, "tokenizers": tokenizers}
+
+
 def _transformers():
     try:
         import transformers
