@@ -144,6 +144,9 @@ def test_training_keeps_the_encoder_frozen_and_encodes_each_instruction_once(tin
     seen, steps = set(), 0
     for batch in loader:
         batch.pop("demo")
+        if steps == 0:  # a closed-loop evaluation between steps encodes under inference mode: training still works
+            with torch.inference_mode():
+                model.start(model.new_cache(16), batch["instruction"])
         seen |= {tuple(r) for r in batch["instruction"].tolist()}
         assert train_step(model, model, optimizer, batch, cfg, Distributed(torch.device("cpu")), False) is not None
         steps += 1

@@ -188,10 +188,9 @@ class FrozenTextEncoder(nn.Module):
         return super()._apply(fn, recurse)
 
     def encode(self, ids: torch.Tensor) -> torch.Tensor:
-        """Run the encoder (no cache): (n, L) our ids -> (n, L, E) float32. Outside inference mode even when
-        called from a policy, so the cached features can also feed a later training step."""
-        with torch.inference_mode(False), torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
-            ids = ids.clone()  # a normal tensor (the caller's may be an inference tensor)
+        """Run the encoder (no cache): (n, L) our ids -> (n, L, E) float32, in full precision even under autocast
+        (cached features do not depend on which pass computed them)."""
+        with torch.no_grad(), torch.autocast(ids.device.type, enabled=False):
             valid = ids != PAD_ID  # (n, L)
             hf_ids = torch.where(valid, ids - 1, torch.full_like(ids, self.hf_pad_id))
             hidden = self.hf(input_ids=hf_ids, attention_mask=valid.long()).last_hidden_state  # (n, L, E)
@@ -211,6 +210,7 @@ class FrozenTextEncoder(nn.Module):
             self._cache.move_to_end(r)
         while len(self._cache) > self.cache_size:
             self._cache.popitem(last=False)
+        # a new tensor, so autograd may save it even when the cached rows were computed in inference mode
         return torch.stack([found[r] for r in rows])  # (B, L, E)
 
     def extra_repr(self) -> str:
