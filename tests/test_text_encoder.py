@@ -99,6 +99,18 @@ def test_the_cli_refuses_a_hub_name_in_one_line(tiny_dataset, tmp_path, capsys):
     assert not (tmp_path / "r" / "latest").exists()
 
 
+def test_a_relative_encoder_path_is_recorded_absolute(tiny_dataset, encoder, tmp_path, monkeypatch):
+    config = os.path.abspath(TINY)
+    monkeypatch.chdir(encoder.parent)
+    code = train_main(["--config", config, "--data", str(tiny_dataset), "--out", str(tmp_path / "r"),
+                       "train.steps=2", f"model.text_encoder={encoder.name}"])  # fmt: skip
+    assert code == 0
+    meta = load_meta(tmp_path / "r")
+    assert meta["model"]["text_encoder"] == meta["tokenizers"]["text"]["path"] == str(encoder.resolve())
+    monkeypatch.chdir(tmp_path)
+    load_policy(tmp_path / "r", device="cpu")  # from another directory
+
+
 def test_the_encoder_and_its_tokenizer_load_local_files_only(encoder, monkeypatch):
     seen = []
     for cls in (transformers.AutoModel, transformers.AutoTokenizer):

@@ -299,6 +299,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     if not resume:
         cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
     data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
+    if cfg.model.text_encoder:  # recorded as an absolute path, so the checkpoint loads from any directory
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_encoder=data.tokenizers.text.path))
     if cfg.eval.episodes > 0 and not set(data.tasks) <= registered_tasks():
         print(f"vla-train: no closed-loop evaluation: tasks {data.tasks[:3]} are not registered envs", file=sys.stderr)
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, episodes=0))
