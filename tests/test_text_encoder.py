@@ -91,6 +91,15 @@ def test_a_path_that_is_not_a_local_directory_is_refused_before_transformers_is_
         FrozenTextEncoder(tmp_path / "empty")
 
 
+def test_a_folder_transformers_cannot_load_is_one_line(encoder, tmp_path):
+    (tmp_path / "config.json").write_bytes((encoder / "config.json").read_bytes())  # no weights, no tokenizer
+    no_vocabulary = "no vocabulary|transformers cannot load it"  # transformers 5 loads an empty tokenizer, 4 refuses
+    for load, why in ((FrozenTextEncoder, "transformers cannot load it"), (EncoderTokenizer.open, no_vocabulary)):
+        with pytest.raises(TextEncoderError, match=why) as e:
+            load(tmp_path)
+        assert "\n" not in str(e.value) and str(tmp_path) in str(e.value)
+
+
 def test_the_cli_refuses_a_hub_name_in_one_line(tiny_dataset, tmp_path, capsys):
     code = train_main(["--config", TINY, "--data", str(tiny_dataset), "--out", str(tmp_path / "r"),
                        "model.text_encoder=bert-base-uncased"])  # fmt: skip

@@ -103,12 +103,19 @@ def relocated(meta: dict, path: str | os.PathLike) -> dict:
     return {**meta, "model": {**meta["model"], "text_encoder": folder}, "tokenizers": tokenizers}
 
 
-def _transformers():
+def _from_pretrained(kind: str, folder: Path):
+    """`transformers.<kind>.from_pretrained(folder)` from local files only; a folder it cannot read is one line."""
     try:
         import transformers
     except ImportError:
         raise TextEncoderError("model.text_encoder needs the transformers library: pip install -e '.[text]'") from None
-    return transformers
+    try:
+        return getattr(transformers, kind).from_pretrained(folder, local_files_only=True)
+    except (OSError, ValueError, KeyError) as e:  # no weights / tokenizer files, an unknown model type, ...
+        detail = " ".join(str(e).split())[:300]
+        raise TextEncoderError(
+            f"text encoder {folder}: transformers cannot load it ({type(e).__name__}: {detail})"
+        ) from None
 
 
 class EncoderTokenizer:
@@ -121,7 +128,14 @@ class EncoderTokenizer:
     @classmethod
     def open(cls, path: str | os.PathLike, expected_fingerprint: str | None = None) -> EncoderTokenizer:
         folder, digest = checked_dir(path, expected_fingerprint)
-        hf = _transformers().AutoTokenizer.from_pretrained(folder, local_files_only=True)
+        hf = _from_pretrained("AutoTokenizer", folder)
+        # transformers 5 builds an empty tokenizer (special tokens only) from a folder without tokenizer files:
+        # every word would become [UNK]
+        if len(hf) <= len(set(hf.all_special_ids)):
+            raise TextEncoderError(
+                f"text encoder {path}: no vocabulary (the folder has no tokenizer files such as tokenizer.json or "
+                "vocab.txt); save the model's tokenizer into it too"
+            )
         return cls(str(folder), digest, hf)
 
     @property
@@ -172,7 +186,7 @@ class FrozenTextEncoder(nn.Module):
         super().__init__()
         folder, self.fingerprint = checked_dir(path, expected_fingerprint)
         self.path = str(folder)
-        hf = _transformers().AutoModel.from_pretrained(folder, local_files_only=True)
+        hf = _from_pretrained("AutoModel", folder)
         if hf.config.is_encoder_decoder:  # T5-style: the encoder half
             hf = hf.get_encoder()
         hf.requires_grad_(False).eval()
