@@ -24,6 +24,8 @@ from torch.utils.data import Dataset
 
 from vla.hdf5_format import DatasetError, ObsKeys
 from vla.sources import EpisodeSource, open_source
+from vla.text_encoder import KIND as ENCODER_KIND
+from vla.text_encoder import EncoderTokenizer
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 
 
@@ -31,9 +33,14 @@ from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 class Tokenizers:
     """Everything that turns raw observations/actions into model inputs; saved with a checkpoint."""
 
-    text: TextTokenizer
+    text: TextTokenizer | EncoderTokenizer  # a word table, or a pretrained text encoder's own tokenizer
     action: ActionTokenizer
     proprio: ProprioNormalizer
+
+    @property
+    def text_fingerprint(self) -> str:
+        """The text encoder folder's fingerprint (vla/text_encoder.py), "" for the word table."""
+        return self.text.fingerprint if isinstance(self.text, EncoderTokenizer) else ""
 
     def to_dict(self) -> dict:
         return {
@@ -45,7 +52,7 @@ class Tokenizers:
     @classmethod
     def from_dict(cls, d: dict) -> Tokenizers:
         return cls(
-            text=TextTokenizer.from_dict(d["text"]),
+            text=(EncoderTokenizer if d["text"].get("kind") == ENCODER_KIND else TextTokenizer).from_dict(d["text"]),
             action=ActionTokenizer.from_dict(d["action"]),
             proprio=ProprioNormalizer.from_dict(d["proprio"]),
         )
@@ -62,11 +69,13 @@ def fit_tokenizers(
     action_bins: int,
     action_mode: str,
     paraphrase_vocabulary: bool = False,
+    text_encoder: str | None = None,
 ) -> Tokenizers:
     """Fit the text vocabulary, action bins and proprio statistics on one split (no images read).
 
     `paraphrase_vocabulary`: when the split holds tabletop tasks, the training grammar's words
-    (`envs.language`) join the vocabulary, so every synonym that instruction augmentation uses has an id."""
+    (`envs.language`) join the vocabulary, so every synonym that instruction augmentation uses has an id.
+    `text_encoder` (a local model folder): the instructions use that encoder's tokenizer instead."""
     instructions, actions, proprio = [], [], []
     src = _source(path, keys)
     path = src.path
@@ -89,7 +98,7 @@ def fit_tokenizers(
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
     return Tokenizers(
-        text=TextTokenizer.fit(instructions),
+        text=EncoderTokenizer.open(text_encoder) if text_encoder else TextTokenizer.fit(instructions),
         action=ActionTokenizer(bins=action_bins, mode=action_mode).fit(acts),
         proprio=ProprioNormalizer.fit(np.concatenate(proprio)),
     )

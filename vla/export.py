@@ -62,6 +62,11 @@ def check_exportable(model: ActionTransformer, policy_config=None) -> None:
             f"causal_scope={cfg.causal_scope!r} cannot be exported faithfully: its cached keys carry context from "
             "evicted steps, so the streaming step differs from the policy's definition once the window slides"
         )
+    if cfg.text_encoder:
+        raise ExportError(
+            f"model.text_encoder={cfg.text_encoder!r} cannot be exported: the prefix graph would have to carry the "
+            "Hugging Face encoder; run this policy with the torch backend"
+        )
     if policy_config is not None and policy_config.temperature > 0:
         raise ExportError(
             f"policy temperature={policy_config.temperature} (sampling) cannot be exported: the exported policy is "

@@ -25,6 +25,7 @@ from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.observation import check_observation
 from vla.policy_config import PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
+from vla.text_encoder import relocated
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -154,13 +155,19 @@ class Policy:
 
 
 def load_policy(
-    checkpoint_dir: str | Path, device=None, kv_cache: bool | None = None, backend: str = "torch", **overrides
+    checkpoint_dir: str | Path,
+    device=None,
+    kv_cache: bool | None = None,
+    backend: str = "torch",
+    text_encoder: str | Path | None = None,
+    **overrides,
 ) -> Policy:
     """Build a Policy from a checkpoint directory (safetensors + JSON; never unpickles).
 
     `kv_cache` and `overrides` are PolicyConfig fields (readout, temporal_ensemble, n_action_steps, ...)
     that replace the values saved with the checkpoint. backend="onnxruntime": the exported graphs
-    (`vla-export`; an `OnnxPolicy` with the same API, see vla/onnx_policy.py)."""
+    (`vla-export`; an `OnnxPolicy` with the same API, see vla/onnx_policy.py). `text_encoder`: where the
+    checkpoint's text encoder folder is on this machine, if it moved (its fingerprint must still match)."""
     if backend == "onnxruntime":
         from vla.onnx_policy import load_onnx_policy
 
@@ -170,7 +177,7 @@ def load_policy(
     if backend != "torch":
         raise ConfigError(f"backend {backend!r} is not one of 'torch', 'onnxruntime'")
     ckpt = load_checkpoint(checkpoint_dir)
-    meta = ckpt.meta
+    meta = ckpt.meta if text_encoder is None else relocated(ckpt.meta, text_encoder)
     if kv_cache is not None:
         overrides["kv_cache"] = kv_cache
     try:

@@ -115,8 +115,10 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
     source = open_data(cfg.data, path)
     keys = source.keys
     if tokenizers is None:
-        tokenizers = fit_tokenizers(source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode,
-                                    paraphrase_vocabulary=cfg.data.instruction_augment > 0)  # fmt: skip
+        tokenizers = fit_tokenizers(
+            source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode,
+            paraphrase_vocabulary=cfg.data.instruction_augment > 0, text_encoder=cfg.model.text_encoder,
+        )  # fmt: skip
 
     def windows(split: str, instruction_augment: float = 0.0) -> WindowDataset:
         return WindowDataset(
@@ -146,6 +148,7 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
         action_dim=tokenizers.action.action_dim,
         vocab_size=tokenizers.text.vocab_size,
         aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
+        text_fingerprint=tokenizers.text_fingerprint,
     )
     fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
     return TrainData(
@@ -298,6 +301,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     if not resume:
         cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
     data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
+    if cfg.model.text_encoder:  # recorded as an absolute path, so the checkpoint loads from any directory
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_encoder=data.tokenizers.text.path))
     if cfg.eval.episodes > 0 and not set(data.tasks) <= registered_tasks():
         print(f"vla-train: no closed-loop evaluation: tasks {data.tasks[:3]} are not registered envs", file=sys.stderr)
         cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, episodes=0))

@@ -26,6 +26,7 @@ class ModelConfig:
         "vocab_size",
         "n_cameras",
         "aux_dim",
+        "text_fingerprint",
     )
     # vision
     patch_size: int = 16  # ViT patch side, pixels
@@ -37,6 +38,9 @@ class ModelConfig:
     aux_feed: bool = True  # when the data has auxiliary targets, their prediction enters the proprio token
     # instruction
     instruction_len: int = 16  # L: instruction tokens (padded / truncated), tokens
+    # a local Hugging Face model folder whose frozen features embed the instruction (vla/text_encoder.py; never
+    # downloaded), or None: a word table fitted on the data's instructions
+    text_encoder: str | None = None
     # actions
     action_bins: int = 256  # discretization bins per action dimension (ActionTokenizer.bins)
     chunk: int = 4  # future actions predicted per step (t .. t+chunk-1) -> chunk * A action slots
@@ -75,6 +79,8 @@ class ModelConfig:
             raise ValueError(f"action_bins={self.action_bins} must be >= 2")
         if not 0.0 <= self.dropout < 1.0:
             raise ValueError(f"dropout={self.dropout} must be in [0, 1)")
+        if self.text_encoder is not None and not self.text_encoder.strip():
+            raise ValueError("text_encoder='' names no folder; use null for the word table")
 
 
 @dataclass(frozen=True)
@@ -87,6 +93,7 @@ class DataSpec:
     vocab_size: int  # instruction vocabulary size (TextTokenizer.vocab_size), tokens
     n_cameras: int = 1  # cameras per step
     aux_dim: int = 0  # auxiliary regression targets per step (privileged positions; 0 = none), training only
+    text_fingerprint: str = ""  # the text encoder folder the ids come from (text_encoder.fingerprint); "" = words
 
     def __post_init__(self):
         for name in ("image_size", "proprio_dim", "action_dim", "vocab_size", "n_cameras"):

@@ -10,7 +10,8 @@ embed -> trunk -> head, in that order, in every pass:
 - embed: a token's input is its content (image token, proprio projection, instruction word + position,
   or action bin) plus a segment embedding (instruction / image / proprio / action) plus, for step
   tokens, an index-within-step embedding. `embed_steps` is the only step embedding: training,
-  recompute and the streaming step all call it.
+  recompute and the streaming step all call it. With `text_encoder` an instruction token's content is a
+  frozen pretrained encoder's feature at that token, projected to d (vla/text_encoder.py).
 - trunk: pre-norm blocks under the one attention rule of `transformer.attention_mask`, a final norm.
   Only the action slots' outputs are ever read, so the last block computes queries, projection and MLP
   for those rows only (its keys/values still come from every token).
@@ -60,6 +61,7 @@ from vla.model.config import (
 )
 from vla.model.transformer import Block, TokenCoords, attention_mask
 from vla.model.vision import PatchEmbed
+from vla.text_encoder import FrozenTextEncoder
 
 
 @dataclass
@@ -93,7 +95,16 @@ class ActionTransformer(nn.Module):
         d, S, K, H = cfg.d_model, layout.tokens_per_step, cfg.window, cfg.n_head
         self.patch_embed = PatchEmbed(cfg, layout)
         self.proprio_embed = nn.Linear(spec.proprio_dim, d, bias=cfg.bias)
-        self.instr_embed = nn.Embedding(spec.vocab_size, d)
+        # the instruction's token inputs: a word table, or a frozen pretrained encoder's features projected to d
+        self.text_encoder = self.instr_proj = None
+        if cfg.text_encoder:
+            self.text_encoder = FrozenTextEncoder(cfg.text_encoder, spec.text_fingerprint or None)
+            self.instr_embed = None
+            self.instr_proj = nn.Linear(self.text_encoder.hidden_size, d, bias=cfg.bias)
+        elif spec.text_fingerprint:
+            raise ValueError(f"data spec text_fingerprint={spec.text_fingerprint!r} needs model.text_encoder")
+        else:
+            self.instr_embed = nn.Embedding(spec.vocab_size, d)
         self.instr_pos = nn.Embedding(cfg.instruction_len, d)
         # parallel decoding never feeds action values; its slots are queries (segment + index only)
         self.action_embed = nn.Embedding(cfg.action_bins, d) if cfg.action_decoding == "autoregressive" else None
@@ -183,9 +194,13 @@ class ActionTransformer(nn.Module):
     # ------------------------------------------------------------------------- embed
 
     def embed_instruction(self, instruction: torch.Tensor) -> torch.Tensor:
-        """(B, L) int64 -> (B, L, d)."""
+        """(B, L) int64 -> (B, L, d): word-table rows, or the frozen text encoder's features projected."""
         seg = self.segment_embed.weight[SEG_INSTRUCTION]  # (d,)
-        return self.instr_embed(instruction) + self.instr_pos.weight[: instruction.shape[1]] + seg
+        if self.text_encoder is None:
+            words = self.instr_embed(instruction)  # (B, L, d)
+        else:
+            words = self.instr_proj(self.text_encoder(instruction).to(self.instr_proj.weight.dtype))  # (B, L, E) -> d
+        return words + self.instr_pos.weight[: instruction.shape[1]] + seg
 
     def instruction_context(self, instruction: torch.Tensor) -> torch.Tensor | None:
         """The instruction summary that conditions a FiLM stem (None without one): (B, L) -> (B, 2d).
