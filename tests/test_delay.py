@@ -131,12 +131,12 @@ def test_strategy_names_and_bad_settings():
 def test_smoothness_on_a_known_action_sequence():
     t = np.arange(6, dtype=np.float64)
     actions = np.stack([0.01 * t**3, np.r_[-1, -1, -1, 1, 1, 1]], axis=1)  # motion dim 0, gripper dim 1
-    src = [0, 0, 2, 2, -1, 4]  # a new chunk at tick 2; tick 4 held; tick 5 follows a hold (not a boundary)
+    src = [0, 0, 2, 2, -1, 4]  # a new chunk at tick 2; a hold at tick 4; a chunk again at tick 5
     m = smoothness(actions, src)
     assert m["jerk"] == pytest.approx(0.06)  # third difference of 0.01 t^3 is 0.06; the gripper's switch is ignored
     steps = np.diff(0.01 * t**3)  # [0.01, 0.07, 0.19, 0.37, 0.61]
-    assert m["boundaries"] == 1 and m["boundary_jump"] == pytest.approx(steps[1])
-    assert m["step_change"] == pytest.approx(np.mean(steps[[0, 2, 3, 4]]))
+    assert m["boundaries"] == 3 and m["boundary_jump"] == pytest.approx(np.mean(steps[[1, 3, 4]]))
+    assert m["step_change"] == pytest.approx(np.mean(steps[[0, 2]]))
     assert smoothness(actions[:3], src[:3])["jerk"] == 0.0  # too short for a third difference
 
 

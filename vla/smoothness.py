@@ -4,9 +4,10 @@ Both are computed over the motion dims only (a gripper dim is an open/close set-
 meant to be a step) in action units, per control tick:
 - `jerk`: the mean |third finite difference| of the executed action sequence, a[t] - 3a[t-1] + 3a[t-2] - a[t-3],
   over ticks and motion dims (0 for fewer than 4 ticks).
-- `boundary_jump`: the mean |a[t] - a[t-1]| (over motion dims) at the ticks where the executed action came
-  from a newer chunk than the tick before's; `step_change` is the same figure at every other tick, the
-  baseline to read it against. Jerky chunk boundaries show as boundary_jump >> step_change.
+- `boundary_jump`: the mean |a[t] - a[t-1]| (over motion dims) at the ticks where the executed action's
+  source changed: a newer chunk took over, or a hold began or ended (the robot feels both);
+  `step_change` is the same figure at every other tick, the baseline to read it against. Jerky chunk
+  boundaries show as boundary_jump >> step_change.
 """
 
 from __future__ import annotations
@@ -25,7 +26,7 @@ def smoothness(actions, chunk_ticks, motion_dims=None) -> dict:
     src = np.asarray(chunk_ticks)
     jerk = float(np.abs(np.diff(a, n=3, axis=0)).mean()) if len(a) >= 4 else 0.0
     step = np.abs(np.diff(a, axis=0)).mean(axis=1) if len(a) >= 2 else np.zeros(0)  # (T-1,): tick t vs t-1
-    at_boundary = (src[1:] != src[:-1]) & (src[1:] >= 0) & (src[:-1] >= 0)  # (T-1,) a newer chunk took over
+    at_boundary = src[1:] != src[:-1]  # (T-1,): another chunk, or a hold starting or ending
     return {
         "jerk": jerk,
         "boundary_jump": float(step[at_boundary].mean()) if at_boundary.any() else 0.0,
