@@ -167,6 +167,23 @@ def test_at_zero_delay_each_strategy_executes_what_todays_evaluation_does(tiny_c
     assert not np.allclose(today, no_ensemble)  # the two references differ, so the equalities say something
 
 
+def test_a_policy_that_replans_every_n_steps_never_hands_a_skipping_caller_an_old_row(tiny_checkpoint):
+    """The controller stamps the tick as the policy's step, so a late tick skips steps. The plan's rows are
+    counted from the step it was made at: t % n_action_steps handed step 3 the row meant for step 1."""
+    policy = load_policy(tiny_checkpoint, device="cpu", temporal_ensemble=False, n_action_steps=2)
+    env = gym.make("tabletop/Reach-v0", image_size=policy.spec.image_size)
+    obs, _ = env.reset(seed=1)
+    policy.reset(obs["instruction"])
+    assert [len(policy.act_chunk(obs)) for _ in range(4)] == [2, 1, 2, 1]  # every step: re-plan every 2
+    policy.reset(obs["instruction"])
+    plan = policy.act_chunk(obs)
+    policy.t = 1
+    np.testing.assert_array_equal(policy.act_chunk(obs), plan[1:])  # step 1: the plan's row for step 1
+    policy.t = 3  # step 2 skipped
+    assert len(policy.act_chunk(obs)) == 2  # a fresh plan for step 3, not the old plan's row for step 1
+    env.close()
+
+
 def test_the_simulation_is_deterministic_given_the_seeds(tiny_checkpoint):
     policy = load_policy(tiny_checkpoint, device="cpu", temporal_ensemble=False)
     delay = {"strategy": "chunk", "delay": 1, "execute": 0}

@@ -443,7 +443,12 @@ def _run(args) -> int:
     result["backend"] = args.backend
     if delay is not None:
         result["delay"] = delay_report(delay, policy.chunk)
-    print(format_table(result, f"checkpoint {args.checkpoint}, instructions: {args.instructions}"))
+    title = f"checkpoint {args.checkpoint}, instructions: {args.instructions}"
+    if delay is not None:
+        d, sm = result["delay"], result["smoothness"]["overall"]
+        title += (f", delay {d['delay_ticks']} ticks, strategy {d['strategy']} (execute {d['execute_effective']}); "
+                  f"jerk {sm['jerk']:.4f}, boundary jump {sm['boundary_jump']:.4f}")  # fmt: skip
+    print(format_table(result, title))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -60,6 +60,7 @@ class Policy:
         self._history: deque = deque(maxlen=self.cfg.window)  # [image, proprio, timestep, tokens] per step
         self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
         self._plan: np.ndarray | None = None  # (chunk, A) the chunk being executed, with n_action_steps > 1
+        self._plan_t = 0  # the step it was planned at
         self._instruction: torch.Tensor | None = None
         self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
@@ -140,7 +141,9 @@ class Policy:
         timestep = torch.tensor([self.t], dtype=torch.long, device=self.device)
         self._history.append([image, proprio, timestep, None])
         t, self.t = self.t, self.t + 1
-        done = t % self.config.n_action_steps  # actions of the current plan already executed
+        # actions of the current plan already executed, counted in steps since it was made (a caller that
+        # skips steps, as a late controller does, must not be handed a row meant for an earlier step)
+        done = t - self._plan_t if self._plan is not None and 0 < t - self._plan_t < self.config.n_action_steps else 0
         fixed = None if committed is None else np.asarray(committed, dtype=np.float32)
         held = None if fixed is None else self._committed_bins(fixed)
         out = self._decode(image, proprio, timestep, held)  # every step joins the context, planned or not
@@ -151,7 +154,7 @@ class Policy:
             values[: len(fixed)] = fixed
         if self.config.temporal_ensemble:
             values = self._ensembler.update(t, values)
-        self._plan = np.clip(values, -1.0, 1.0).astype(np.float32)
+        self._plan, self._plan_t = np.clip(values, -1.0, 1.0).astype(np.float32), t
         return self._plan
 
     def window_batch(self) -> dict:
