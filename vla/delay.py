@@ -17,6 +17,8 @@ many ticks held.
 
 from __future__ import annotations
 
+import inspect
+
 import numpy as np
 
 from vla.config import ConfigError
@@ -39,6 +41,10 @@ class DelayedPolicy:
             raise ConfigError(
                 "strategy 'delay_aware' needs a checkpoint trained with committed action slots "
                 "(model.committed_actions=true train.delay_aware_max=N); this one has none"
+            )
+        if strategy == "delay_aware" and "committed" not in inspect.signature(policy.act_chunk).parameters:
+            raise ConfigError(
+                f"strategy 'delay_aware' needs a policy that takes committed actions, not a {type(policy).__name__}"
             )
         self.policy, self.delay = policy, delay
         self.reset_state()

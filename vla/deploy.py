@@ -149,6 +149,10 @@ def _run(args) -> int:
         raise UserError(f"--strategy {args.strategy!r} is not one of {', '.join(STRATEGIES)}")
     if args.execute < 0:
         raise UserError(f"--execute must be >= 0 (0 = chunk - delay), got {args.execute}")
+    if args.strategy == "delay_aware" and args.backend != "torch":
+        raise UserError(
+            "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"
+        )
     latency, jitter = args.inject_latency_ms
     if args.max_delta < 0:
         raise UserError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
