@@ -45,7 +45,7 @@ timed grounding vla-eval --checkpoint "$RUN" --episodes-per-task 20 --workers 2 
   --json "$RUN/eval_swap_colour.json"
 
 stage "6/7 language generalization: the same scenes, each instruction rephrased by the held-out grammar"
-timed paraphrase vla-eval --checkpoint "$RUN" --episodes-per-task 20 --workers 2 --instructions paraphrase \
+timed paraphrase vla-eval --checkpoint "$RUN" --episodes-per-task "$EVAL_EPISODES" --workers 2 --instructions paraphrase \
   --json "$RUN/eval_paraphrase.json"
 
 stage "7/7 deploy: 20 Hz fixed-rate loop, 50 ms budget, streaming KV cache"

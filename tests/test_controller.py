@@ -55,13 +55,13 @@ class VirtualWorker:
         self.infer, self.clock = infer, clock
         self.jobs: list[tuple] = []  # (tick, deadline, actions | exception, t_start, t_done), not yet polled
 
-    def submit(self, obs, tick, deadline) -> bool:
+    def submit(self, obs, tick, deadline, committed=None) -> bool:
         if any(done > self.clock() for *_, done in self.jobs):
             return False
         start = self.clock()
         with self.clock.elsewhere() as spent:
             try:
-                out = self.infer(obs, tick)
+                out = self.infer(obs, tick, committed)
             except Exception as e:  # noqa: BLE001 - handed back like the real worker does
                 out = e
         self.jobs.append((tick, deadline, out, start, start + spent[0]))
@@ -123,12 +123,15 @@ class FakePolicy:
         self.clock, self.chunk, self.slow_ticks, self.slow_s = clock, chunk, set(slow_ticks), slow_s
         self.cost_s, self.nan_ticks, self.fail_tick = cost_s, set(nan_ticks), fail_tick
         self.t = 0  # the controller stamps the tick here before each call
+        self.calls: list[tuple[int, np.ndarray | None]] = []  # (tick, committed) of every call
 
     def reset(self, instruction):
         self.t = 0
+        self.calls = []
 
-    def act_chunk(self, obs):
+    def act_chunk(self, obs, committed=None):
         t = self.t
+        self.calls.append((t, committed))
         if t == self.fail_tick:
             raise RuntimeError("policy failed")
         self.clock.sleep(self.slow_s if t in self.slow_ticks else self.cost_s)
@@ -260,13 +263,88 @@ def test_async_acts_on_the_previous_ticks_chunk_while_the_next_is_computed(clock
     np.testing.assert_allclose(result.inference_ms, [30] * 7, atol=1e-9)  # tick 7's chunk is never collected
 
 
-def test_async_inference_slower_than_the_budget_ends_in_a_safe_stop(clock):
-    result, _ = run(clock, FakePolicy(clock), async_inference=True, inject_latency_ms=70, max_consecutive_misses=4,
+def tick_of_each_command(clock_robot, result, period=0.05):
+    """(tick index, command) per executed tick: the tick from when it observed (the first observation is
+    the one before the clock starts)."""
+    ticks = [round(t / period) for t in clock_robot.observed_at[1 : result.steps + 1]]
+    return list(zip(ticks, clock_robot.sent()[: result.steps], strict=True))
+
+
+def assert_each_action_is_for_its_own_tick(commands):
+    """FakePolicy's row r of tick j's chunk is [j / 100, r / 10, ...]: it is meant for tick j + r."""
+    for k, sent in commands:
+        if not isinstance(sent, str):
+            j, r = round(sent[0] * 100), round(sent[1] * 10)
+            assert j + r == k, f"tick {k} executed row {r} of tick {j}'s chunk (meant for tick {j + r})"
+
+
+def test_async_never_resends_a_used_up_chunks_last_row_as_a_fresh_decision(clock):
+    """Inference of 110 ms (3 ticks to arrive) with a 4-action chunk: each chunk has one row left when it
+    arrives. The old loop kept re-sending that last row as a fresh decision for up to ceil(budget/period)
+    ticks (each re-sent delta moves the hand again); now a tick without a row for it holds still."""
+    result, robot = run(clock, FakePolicy(clock, chunk=4, cost_s=0.11), async_inference=True, budget_ms=250,
+                        seconds=1.0, max_consecutive_misses=0)  # fmt: skip
+    commands = tick_of_each_command(robot, result)
+    assert_each_action_is_for_its_own_tick(commands)
+    assert [k for k, c in commands if isinstance(c, str)] == [4, 5, 7, 8, 10, 11, 13, 14, 16, 17, 19]
+    assert result.sources.count("policy") == 7 and result.sources.count("hold") == 11
+    assert result.delay_ticks == [3] * 5  # the measured delay: each result arrives 3 ticks after its observation
+
+
+def test_async_acts_on_chunks_that_arrive_after_their_ticks_budget(clock):
+    """Inference of 70 ms against a 40 ms budget: the old loop threw every chunk away (each was late for
+    its own tick), so nothing ever moved; its later rows are still ahead of the robot and now drive it."""
+    result, robot = run(clock, FakePolicy(clock, chunk=4, cost_s=0.07), async_inference=True, seconds=1.0,
+                        max_consecutive_misses=0)  # fmt: skip
+    commands = tick_of_each_command(robot, result)
+    assert_each_action_is_for_its_own_tick(commands)
+    assert result.sources[0] == "hold" and result.sources[1:] == ["policy"] * (result.steps - 1)
+    assert result.late_inferences == 1 and result.deadline_misses == 1  # tick 0's own action was late
+    assert [k for k, _ in commands[:3]] == [0, 2, 3]  # tick 0 inferred synchronously for 70 ms: tick 1 skipped
+
+
+def test_async_inference_slower_than_the_chunk_ends_in_a_safe_stop(clock):
+    result, _ = run(clock, FakePolicy(clock), async_inference=True, inject_latency_ms=160, max_consecutive_misses=4,
                     seconds=2)  # fmt: skip
+    # 160 ms is 4 ticks: a 3-action chunk is all in the past when it arrives, so no tick has anything to do
     assert result.safe_stop and result.deadline_misses == 4 and result.fallbacks == 3
-    # tick 0 (sync) is late; tick 2's job ends at 170 ms, past its 140 ms deadline; tick 3 finds the worker busy
-    assert result.late_inferences == 2 and result.sources == ["hold", "hold", "hold", "safe_stop"]
-    assert result.skipped_ticks == 1
+    assert result.late_inferences == 1 and result.sources == ["hold", "hold", "hold", "safe_stop"]
+    assert result.skipped_ticks == 3  # tick 0's synchronous 160 ms
+
+
+def test_chunk_strategy_in_wall_clock_replans_by_the_measured_delay(clock):
+    """70 ms inference arrives 2 ticks later: with a 6-action chunk each chunk executes rows 2..5 and the next
+    inference starts 2 ticks before they run out."""
+    policy = FakePolicy(clock, chunk=6, cost_s=0.07)
+    result, robot = run(clock, policy, strategy="chunk", seconds=1.0, max_consecutive_misses=0)
+    commands = tick_of_each_command(robot, result)
+    assert_each_action_is_for_its_own_tick(commands)
+    assert [t for t, _ in policy.calls] == [0, 2, 6, 10, 14, 18]
+    rows = [round(c[1] * 10) for _, c in commands[3:] if not isinstance(c, str)]
+    assert set(rows) == {2, 3, 4, 5} and result.sources[1:] == ["policy"] * (result.steps - 1)
+    assert result.strategy == "chunk" and set(result.delay_ticks) == {2}
+
+
+def test_delay_aware_in_wall_clock_commits_what_executes_during_the_inference(clock):
+    policy = FakePolicy(clock, chunk=6, cost_s=0.07)
+    result, robot = run(clock, policy, strategy="delay_aware", seconds=1.0, max_consecutive_misses=0)
+    sent = dict(tick_of_each_command(robot, result))
+    assert policy.calls[0][1] is None and len(policy.calls) > 3
+    for tick, committed in policy.calls[1:]:
+        assert committed.shape == (2, 4)  # d = 2 measured ticks of actions are already decided
+        if tick + 1 in sent:
+            np.testing.assert_allclose(committed, [sent[tick], sent[tick + 1]])
+
+
+def test_a_strategy_refuses_a_policy_that_ensembles_or_replans_itself(clock, tiny_checkpoint):
+    from vla.policy import load_policy
+
+    policy = load_policy(tiny_checkpoint, device="cpu")  # temporal_ensemble=True as saved
+    robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0, clock=clock)
+    config = ControllerConfig(strategy="ensemble", warmup=0, seconds=0.2)
+    with pytest.raises(ValueError, match="temporal_ensemble=False"):
+        Controller(policy, robot, config, clock=clock, sleep=clock.sleep, worker=VirtualWorker).run()
+    robot.close()
 
 
 def test_schedule_is_absolute_no_drift(clock):
@@ -283,7 +361,7 @@ def test_the_real_worker_thread_runs_jobs_off_the_loop_and_hands_back_errors():
     release = threading.Event()
     stamps = iter(range(100))
 
-    def infer(obs, tick):
+    def infer(obs, tick, committed):
         assert threading.current_thread().name == "vla-inference"
         release.wait(10)
         if obs == "bad":
@@ -320,7 +398,8 @@ def _wait_for(worker, timeout=10.0):
 
 
 def test_config_rejects_bad_values():
-    for bad in ({"hz": 0}, {"budget_ms": -1}, {"seconds": 0}, {"max_consecutive_misses": -1}):
+    for bad in ({"hz": 0}, {"budget_ms": -1}, {"seconds": 0}, {"max_consecutive_misses": -1}, {"strategy": "fly"},
+                {"execute": -1}):  # fmt: skip
         with pytest.raises(ValueError, match=next(iter(bad))):
             ControllerConfig(**bad)
 
@@ -417,6 +496,8 @@ def test_deploy_safe_stop_exits_nonzero(tiny_checkpoint, tmp_path, capsys):
         (["--task", "reach", "--budget-ms", "-5"], "budget_ms must be positive"),
         (["--task", "reach", "--seconds", "0"], "seconds must be positive"),
         (["--task", "reach", "--max-delta", "-1"], "max-delta"),
+        (["--task", "reach", "--strategy", "fly"], "--strategy 'fly' is not one of blocking"),
+        (["--task", "reach", "--strategy", "delay_aware"], "no committed action slots"),
     ],
 )
 def test_deploy_bad_input_is_one_line_and_exit_2(tiny_checkpoint, tmp_path, capsys, args, message):

@@ -13,12 +13,22 @@ The synchronous loop cannot pre-empt a running inference, so its fallback goes o
 inference returns; the asynchronous loop below never waits for one. A tick that overruns the period
 makes the schedule skip the boundaries already past (`skipped_ticks`).
 
-Asynchronous inference (`async_inference=True`): a worker thread computes the next chunk while the
-current one executes. Tick k hands its observation to the worker (if idle) and acts at once from the
-newest on-time chunk: chunk_j[k - j] for an observation taken at tick j, normally j = k - 1, i.e. the
-action the policy predicted for this step one tick ago. A chunk is on time if it was ready within the
-budget of its own tick, and fresh while k - j <= max(1, ceil(budget / period)); a tick without a fresh
-chunk is a miss and falls back as above. The first tick infers synchronously to fill the pipeline.
+Execution strategies (`strategy`, vla/strategies.py; the same objects vla-eval runs in simulated time).
+"blocking" (the default) is the synchronous loop above. "chunk", "ensemble" and "delay_aware" run the
+policy in a worker thread while the robot executes: tick k collects the inferences that finished (a
+chunk from tick j's observation is usable while it has a row for the current tick, row k - j; its
+budget is not the criterion, since in this loop nothing waits for it), lets the strategy start the next
+one on tick k's observation when the worker is idle, and acts at once on the strategy's action for
+tick k. The delay d the strategies plan with (when to start the next inference, how many actions
+delay_aware commits) is measured: the largest number of ticks any of the last 5 inferences took to
+arrive (the first tick infers synchronously, to fill the pipeline and give the first measurement).
+A tick the strategy has no action for is a deadline miss and a hold (`robot.hold()`: the hand stays
+where it is); too many in a row make the safe stop as above. `async_inference=True` (the old flag)
+is strategy "chunk" with execute=1: act on the newest chunk, re-plan whenever the worker is idle.
+Why not the old async rule: it judged each chunk by the budget of its own tick (so with inference
+slower than the budget every chunk was thrown away, though its later rows were still ahead of the
+robot) and, once a chunk ran out, kept re-sending its last row as a fresh decision for up to
+ceil(budget / period) ticks (a delta action re-sent moves the hand again: stale motion, never a miss).
 
 Action guard (`ActionGuard`): a non-finite action is rejected (the last safe action is held), every
 action is clamped to the action space, and each motion dim may change by at most `max_delta` per tick
@@ -34,6 +44,7 @@ from __future__ import annotations
 import math
 import threading
 import time
+from collections import deque
 from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 
@@ -41,6 +52,8 @@ import numpy as np
 
 from vla.config import ConfigError
 from vla.robot import Robot
+from vla.smoothness import smoothness
+from vla.strategies import STRATEGIES, Strategy, make_strategy
 
 
 @dataclass
@@ -55,6 +68,8 @@ class ControllerConfig:
     warmup: int = 3  # policy calls before the clock starts (the policy is reset afterwards)
     stop_on_success: bool = True  # end the episode as soon as the robot reports success
     seed: int | None = None  # seeds the injected jitter
+    strategy: str = "blocking"  # blocking (the synchronous loop), chunk, ensemble, delay_aware (vla/strategies.py)
+    execute: int = 0  # actions executed per chunk by chunk / delay_aware (0 = chunk - measured delay)
 
     def __post_init__(self):
         checks = [
@@ -68,6 +83,8 @@ class ControllerConfig:
             (self.inject_latency_ms >= 0, f"inject_latency_ms must be >= 0, got {self.inject_latency_ms}"),
             (self.inject_jitter_ms >= 0, f"inject_jitter_ms must be >= 0, got {self.inject_jitter_ms}"),
             (self.warmup >= 0, f"warmup must be >= 0, got {self.warmup}"),
+            (self.strategy in STRATEGIES, f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}"),
+            (self.execute >= 0, f"execute must be >= 0 (0 = chunk - delay), got {self.execute}"),
         ]
         for ok, message in checks:
             if not ok:
@@ -76,6 +93,13 @@ class ControllerConfig:
     @property
     def period_s(self) -> float:
         return 1.0 / self.hz
+
+    @property
+    def worker_strategy(self) -> tuple[str, int] | None:
+        """(strategy, execute) of the worker-thread loop, or None for the synchronous (blocking) loop."""
+        if self.strategy != "blocking":
+            return self.strategy, self.execute
+        return ("chunk", 1) if self.async_inference else None
 
 
 class ActionGuard:
@@ -170,10 +194,22 @@ class RunResult:
     wake_ms: list = field(default_factory=list)  # per tick: how late the loop woke after the boundary, ms
     observe_ms: list = field(default_factory=list)  # per tick: robot.observe() (sim: physics + render), ms
     sources: list = field(default_factory=list)  # per tick: "policy", "chunk" or "hold"
+    strategy: str = "blocking"  # the execution strategy the loop ran
+    delay_ticks: list = field(default_factory=list)  # per collected inference: ticks from its observation to use
+    executed: list = field(default_factory=list)  # per tick: the action sent (None = a hold)
+    chunk_ticks: list = field(default_factory=list)  # per tick: observation tick of the chunk it came from, -1 = none
 
     def summary(self) -> dict:
         """JSON-ready figures (percentiles instead of the per-tick lists, which stay under "ticks")."""
         d = asdict(self)
+        for key in ("executed", "chunk_ticks"):
+            d.pop(key)
+        sent = [a for a in self.executed if a is not None]
+        src = [c for a, c in zip(self.executed, self.chunk_ticks, strict=True) if a is not None]
+        d["smoothness"] = smoothness(np.stack(sent), src) if sent else None
+        d["delay_ticks"] = (
+            {"max": max(self.delay_ticks), "mean": float(np.mean(self.delay_ticks))} if self.delay_ticks else None
+        )
         d["latency_ms"] = percentiles(self.latency_ms)
         for key in ("inference_ms", "wake_ms", "observe_ms"):
             d[key] = percentiles(getattr(self, key))
@@ -194,7 +230,7 @@ def percentiles(values) -> dict:
 class InferenceWorker:
     """One background thread that runs `infer(obs, tick)` on the observations it is handed.
 
-    The interface the async loop uses: `submit(obs, tick, deadline) -> bool` (False while busy),
+    The interface the async loop uses: `submit(obs, tick, deadline, committed=None) -> bool` (False while busy),
     `poll() -> [(tick, deadline, actions | exception, t_start, t_done)]` (results since the last
     poll, stamped with `clock`), and `close()`.
     """
@@ -209,12 +245,12 @@ class InferenceWorker:
         self._thread = threading.Thread(target=self._loop, name="vla-inference", daemon=True)
         self._thread.start()
 
-    def submit(self, obs: dict, tick: int, deadline: float) -> bool:
-        """Start inferring on `obs` unless busy; returns whether it was taken."""
+    def submit(self, obs: dict, tick: int, deadline: float, committed: np.ndarray | None = None) -> bool:
+        """Start inferring on `obs` (and `committed` actions: delay_aware) unless busy; returns whether it was taken."""
         with self._cv:
             if self._busy:
                 return False
-            self._busy, self._job = True, (obs, tick, deadline)
+            self._busy, self._job = True, (obs, tick, deadline, committed)
             self._cv.notify()
             return True
 
@@ -236,10 +272,10 @@ class InferenceWorker:
                     self._cv.wait()
                 if self._stop:
                     return
-                (obs, tick, deadline), self._job = self._job, None
+                (obs, tick, deadline, committed), self._job = self._job, None
             start = self._clock()
             try:
-                out = self._infer(obs, tick)
+                out = self._infer(obs, tick, committed)
             except Exception as e:  # noqa: BLE001 - handed to the control thread, which re-raises it
                 out = e
             with self._cv:
@@ -268,11 +304,14 @@ class Controller:
         self.clock, self.sleep, self.make_worker = clock, sleep, worker
         self._rng = np.random.default_rng(self.cfg.seed)
 
-    def _infer(self, obs: dict, tick: int) -> np.ndarray:
+    def _infer(self, obs: dict, tick: int, committed: np.ndarray | None = None) -> np.ndarray:
         """One policy decision (chunk, A), stamped with the tick's index, plus any injected latency."""
         if hasattr(self.policy, "t"):
             self.policy.t = tick  # the model's step index follows real ticks, also across skipped ones
-        actions = np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
+        if committed is None:
+            actions = np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
+        else:
+            actions = np.asarray(self.policy.act_chunk(obs, committed=committed), dtype=np.float32)
         if actions.ndim == 1:
             actions = actions[None]  # a policy without chunks: (A,) -> (1, A)
         cfg = self.cfg
@@ -291,9 +330,12 @@ class Controller:
         self.policy.reset(result.instruction)
         guard.reset()
         period, budget = cfg.period_s, cfg.budget_ms / 1e3
-        fresh_age = max(1, math.ceil(budget / period - 1e-9)) if cfg.async_inference else 0
-        worker = self.make_worker(self._infer, self.clock) if cfg.async_inference else None
-        current: _Chunk | None = None  # the newest on-time chunk
+        plan = cfg.worker_strategy
+        worker = self.make_worker(self._infer, self.clock) if plan is not None else None
+        strategy: Strategy | None = None  # the worker loop's, built once the first chunk tells its length
+        measured: deque[int] = deque(maxlen=5)  # ticks the last inferences took to arrive
+        result.strategy = plan[0] if plan else "blocking"
+        current: _Chunk | None = None  # the newest on-time chunk (synchronous loop)
         consecutive = 0
         robot.start()
         t0 = self.clock()
@@ -313,8 +355,9 @@ class Controller:
                     result.end_reason = "success"
                     break
 
-                # ---- infer: inline (sync, and the first async tick) or collect the worker's results
-                if worker is None or k == 0:
+                # ---- infer: inline (sync, and the first tick of the worker loop) or collect the worker's results
+                late_first = False
+                if worker is None:
                     start = self.clock()
                     actions = self._infer(obs, k)
                     done = self.clock()
@@ -322,21 +365,43 @@ class Controller:
                     fresh = _Chunk(actions, k, done <= deadline)
                     result.late_inferences += not fresh.on_time
                     current = fresh if fresh.on_time else current
+                elif k == 0:
+                    start = self.clock()
+                    actions = self._infer(obs, k)
+                    done = self.clock()
+                    result.inference_ms.append((done - start) * 1e3)
+                    strategy = self._strategy(plan, len(actions))
+                    measured.append(math.ceil((done - start) / period - 1e-9))
+                    strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
+                    late_first = done > deadline
+                    result.late_inferences += late_first
                 else:
-                    for tick, due, out, start, done in worker.poll():
+                    for tick, _, out, start, done in worker.poll():
                         if isinstance(out, Exception):
                             raise out
                         result.inference_ms.append((done - start) * 1e3)
-                        if done <= due:
-                            current = _Chunk(out, tick, True)
+                        measured.append(k - tick)
+                        result.delay_ticks.append(k - tick)
+                        if k - tick < len(out):
+                            strategy.receive(tick, out, k)
                         else:
-                            result.late_inferences += 1
-                    worker.submit(obs, k, deadline)
+                            result.late_inferences += 1  # every row is for a tick already past
+                    d = max(measured)
+                    if strategy.wants_inference(k, d):
+                        worker.submit(obs, k, deadline, strategy.committed(k, d))
 
                 # ---- choose: a fresh decision, else the current chunk's next action, else hold
                 age = None if current is None else k - current.tick
-                if current is not None and age <= fresh_age:
-                    raw, source = current.actions[min(age, len(current.actions) - 1)], "policy"
+                if strategy is not None:
+                    raw, source = (None, "hold") if late_first else strategy.act(k)
+                    if source == "hold":
+                        result.deadline_misses += 1
+                        consecutive += 1
+                        result.max_consecutive_misses_seen = max(result.max_consecutive_misses_seen, consecutive)
+                    else:
+                        consecutive = 0
+                elif current is not None and age == 0:
+                    raw, source = current.actions[0], "policy"
                     consecutive = 0
                 else:
                     result.deadline_misses += 1
@@ -356,11 +421,19 @@ class Controller:
                     result.fallback_kinds[source] += 1
 
                 # ---- guard and apply
-                action = guard.last_safe if raw is None else guard(raw)
+                if strategy is not None and raw is None:
+                    action = None  # a strategy's hold: the hand stays where it is (no stale motion re-sent)
+                else:
+                    action = guard.last_safe if raw is None else guard(raw)
                 if action is None:
                     robot.hold()  # nothing safe has been sent yet: stay where we are
                 else:
                     robot.apply(action)
+                result.executed.append(action)
+                if strategy is not None:
+                    result.chunk_ticks.append(strategy.newest_tick if source == "policy" else -1)
+                else:
+                    result.chunk_ticks.append(-1 if current is None or source == "hold" else current.tick)
                 self._record(result, t_tick, source)
 
                 # ---- sleep to the next boundary on the absolute schedule (skip the ones already past)
@@ -379,6 +452,17 @@ class Controller:
             result.guard = dict(guard.counts)
         result.success = robot.success()
         return result
+
+    def _strategy(self, plan: tuple[str, int], chunk: int) -> Strategy:
+        """The worker loop's strategy for chunks of `chunk` rows; the policy must hand over its own chunks."""
+        name, execute = plan
+        cfg = getattr(self.policy, "config", None)
+        if cfg is not None and (cfg.temporal_ensemble or cfg.n_action_steps != 1):
+            raise ConfigError(
+                f"strategy {name!r} schedules the policy's chunks itself: load the policy with "
+                f"temporal_ensemble=False and n_action_steps=1 (got {cfg.temporal_ensemble}, {cfg.n_action_steps})"
+            )
+        return make_strategy(name, chunk, min(execute, chunk), getattr(cfg, "ensemble_coeff", 0.0))
 
     def _record(self, result: RunResult, t_tick: float, source: str) -> None:
         result.steps += 1

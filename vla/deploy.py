@@ -6,6 +6,12 @@ policy thinks) and reports control-step latency p50/p95/p99/max, deadline misses
 interventions, whether a safe stop happened, and success, as JSON plus a latency histogram PNG
 beside it (same stem). The episode ends after --seconds or on success ("end_reason" says which).
 
+`--strategy` picks how the policy's chunks are executed while it thinks (vla/strategies.py, the same
+strategies `vla-eval --delay-ticks` simulates): blocking (the synchronous loop), or chunk, ensemble,
+delay_aware in a worker thread, where the measured inference time decides the delay d they plan with.
+The JSON adds "strategy", "delay_ticks" (max/mean of the measured delay) and "smoothness" (mean
+absolute jerk, jump at chunk boundaries). `--async` is `--strategy chunk --execute 1`.
+
 Exit status: 0 when the episode ran to its end (success or not), 3 after a safe stop (too many
 consecutive deadline misses), 2 for bad input.
 """
@@ -100,6 +106,19 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument(
         "--async", dest="async_inference", action="store_true", help="infer the next chunk in a worker thread"
     )
+    parser.add_argument(
+        "--strategy",
+        default="blocking",
+        metavar="NAME",
+        help="blocking (default: the synchronous loop), or chunk, ensemble, delay_aware (a worker thread)",
+    )
+    parser.add_argument(
+        "--execute",
+        type=int,
+        default=0,
+        metavar="S",
+        help="actions executed per chunk by chunk / delay_aware (default 0: chunk - measured delay)",
+    )
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window every tick")
     cli.add_policy_overrides(parser)
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
@@ -124,7 +143,16 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from vla.controller import ControllerConfig
+    from vla.strategies import STRATEGIES
 
+    if args.strategy not in STRATEGIES:
+        raise UserError(f"--strategy {args.strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if args.execute < 0:
+        raise UserError(f"--execute must be >= 0 (0 = chunk - delay), got {args.execute}")
+    if args.strategy == "delay_aware" and args.backend != "torch":
+        raise UserError(
+            "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"
+        )
     latency, jitter = args.inject_latency_ms
     if args.max_delta < 0:
         raise UserError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
@@ -139,6 +167,8 @@ def _run(args) -> int:
         inject_latency_ms=latency,
         inject_jitter_ms=jitter,
         seed=args.seed,
+        strategy=args.strategy,
+        execute=args.execute,
     )
     import envs
 
@@ -152,8 +182,17 @@ def _run(args) -> int:
 
     if args.backend == "onnxruntime":  # its session takes torch's thread count when it is made
         torch.set_num_threads(args.threads or 1)
+    from vla.delay import raw_chunk_overrides
+
     overrides = cli.policy_overrides(args.policy) | ({"kv_cache": False} if args.no_kv_cache else {})
+    if config.worker_strategy is not None:  # the strategy schedules the raw chunks; an explicit --policy wins
+        overrides = raw_chunk_overrides(config.worker_strategy[0]) | overrides
     policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
+    if config.strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
+        raise UserError(
+            "--strategy delay_aware needs a checkpoint trained with model.committed_actions=true "
+            "train.delay_aware_max=N; this one has no committed action slots"
+        )
     if args.threads is not None or policy.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
     robot = SimRobot(gym.make(task, image_size=policy.spec.image_size), seed=args.seed)
@@ -171,7 +210,7 @@ def _run(args) -> int:
         "period_ms": 1e3 / args.hz,
         "budget_ms": args.budget_ms,
         "seconds": args.seconds,
-        "async": args.async_inference,
+        "async": config.worker_strategy is not None,
         "kv_cache": not args.no_kv_cache,
         "backend": args.backend,
         "device": str(policy.device),
@@ -188,8 +227,7 @@ def _run(args) -> int:
     out.write_text(json.dumps(report, indent=2) + "\n")
     png = out.with_suffix(".png")
     title = (
-        f"{task} at {args.hz:g} Hz, {'async' if args.async_inference else 'sync'}, "
-        f"{Path(args.checkpoint).name}, injected {latency:g}±{jitter:g} ms"
+        f"{task} at {args.hz:g} Hz, {result.strategy}, {Path(args.checkpoint).name}, injected {latency:g}±{jitter:g} ms"
     )
     save_histogram(png, result.latency_ms, args.budget_ms, title)
     if not args.quiet:
@@ -207,18 +245,28 @@ def format_summary(r: dict, json_path: Path, png: Path) -> str:
     return "\n".join(
         [
             f'{r["task"]} "{r["instruction"]}": {r["steps"]} ticks at {r["hz"]:g} Hz, budget {r["budget_ms"]:g} ms, '
-            f"{'async' if r['async'] else 'sync'} inference",
+            f"{'async' if r['async'] else 'sync'} inference, strategy {r['strategy']}",
             f"  control-step latency ms: p50 {ms(lat, 'p50')}  p95 {ms(lat, 'p95')}  p99 {ms(lat, 'p99')}  "
             f"max {ms(lat, 'max')}   (inference p50 {ms(inf, 'p50')}, p99 {ms(inf, 'p99')})",
             f"  deadline misses {r['deadline_misses']}, fallbacks {r['fallbacks']} "
             f"(chunk {r['fallback_kinds']['chunk']}, hold {r['fallback_kinds']['hold']}), "
             f"skipped ticks {r['skipped_ticks']}",
             f"  guard: nonfinite {g['nonfinite']}, clamped {g['clamped']}, rate-limited {g['rate_limited']}",
+            *smooth_line(r),
             f"  end: {r['end_reason']} after {r['elapsed_s']:.2f} s, success {r['success']}, "
             f"safe stop {r['safe_stop']}",
             f"  wrote {json_path} and {png}",
         ]
     )
+
+
+def smooth_line(r: dict) -> list[str]:
+    sm, d = r.get("smoothness"), r.get("delay_ticks")
+    if sm is None:
+        return []
+    delay = "" if d is None else f"; measured delay max {d['max']} ticks, mean {d['mean']:.2f}"
+    return [f"  smoothness: jerk {sm['jerk']:.4f}, chunk-boundary jump {sm['boundary_jump']:.4f} "
+            f"(other ticks {sm['step_change']:.4f}){delay}"]  # fmt: skip
 
 
 if __name__ == "__main__":

@@ -6,6 +6,9 @@ the mean episode length, and the overall rate, as a table and as JSON:
     {"tasks": {ID: {"success_rate", "episodes", "ci95": [lo, hi], "mean_length"}},
      "overall": {"success_rate", "episodes", "ci95"},
      "policy": {"device", "kv_cache", "readout", ...}}   (the settings the policy ran with, in every worker)
+`--delay-ticks D --strategy NAME [--execute S]` simulates D control ticks of inference delay in simulated
+time (vla/delay.py, strategies in vla/strategies.py) and adds the smoothness of the executed actions
+(mean absolute jerk, the jump at chunk boundaries) per task under "smoothness".
 `--instructions` probes language grounding: "swap_colour" names a distractor block instead of the
 target, "other_task" gives the instruction of another task in the same scene; a policy that reads
 the instruction should then fail. "paraphrase" rephrases the episode's own instruction with the
@@ -135,13 +138,20 @@ def evaluate(
     videos_per_task: int = 2,
     image_size: int = 64,
     progress: bool = True,
+    delay: dict | None = None,
 ) -> dict:
-    """Evaluate a loaded policy in this process; returns `summarize`'s dict plus per-episode detail."""
+    """Evaluate a loaded policy in this process; returns `summarize`'s dict plus per-episode detail.
+
+    `delay`: DelayedPolicy's arguments (strategy, delay, execute) to run under simulated inference delay."""
     import gymnasium as gym
     from tqdm import tqdm
 
     import envs  # noqa: F401 - registers the tasks
 
+    if delay is not None:
+        from vla.delay import DelayedPolicy
+
+        policy = DelayedPolicy(policy, **delay)
     outcomes: dict[str, list[dict]] = {}
     bar = tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr)
     for task in tasks:
@@ -153,6 +163,8 @@ def evaluate(
             if record:
                 save_video(video_path(video_dir, task, seed + i, ep["success"]), ep["frames"])
             ep.pop("frames")
+            if delay is not None:
+                ep.update(policy.episode_metrics())
             outcomes[task].append(ep)
             bar.update(1)
             rate = np.mean([e["success"] for e in outcomes[task]])
@@ -163,6 +175,10 @@ def evaluate(
     result["episodes_detail"] = {
         t: [{k: e[k] for k in ("success", "length", "instruction")} for e in eps] for t, eps in outcomes.items()
     }
+    if delay is not None:
+        from vla.delay import summarize_smoothness
+
+        result["smoothness"] = summarize_smoothness(outcomes)
     return result
 
 
@@ -174,13 +190,17 @@ def policy_info(policy) -> dict:
 
 
 def _worker(job: tuple) -> tuple[str, list[dict], dict]:
-    checkpoint, policy_kwargs, task, seeds, instructions, image_size, video_dir, n_videos = job
+    checkpoint, policy_kwargs, task, seeds, instructions, image_size, video_dir, n_videos, delay = job
     import torch
 
     torch.set_num_threads(1)
     from vla.policy import load_policy
 
-    policy = load_policy(checkpoint, **policy_kwargs)
+    policy = info_of = load_policy(checkpoint, **policy_kwargs)
+    if delay is not None:
+        from vla.delay import DelayedPolicy
+
+        policy = DelayedPolicy(policy, **delay)
     import gymnasium as gym
 
     import envs  # noqa: F401
@@ -193,16 +213,20 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
         if record:
             save_video(video_path(video_dir, task, s, ep["success"]), ep["frames"])
         eps.append({"success": ep["success"], "length": ep["length"], "instruction": ep["instruction"]})
+        if delay is not None:
+            eps[-1].update(policy.episode_metrics())
     env.close()
-    return task, eps, policy_info(policy)
+    return task, eps, policy_info(info_of)
 
 
 def evaluate_parallel(
-    checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers, policy_kwargs: dict | None = None
-) -> dict:
+    checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers, policy_kwargs: dict | None = None,
+    delay: dict | None = None, progress: bool = True,
+) -> dict:  # fmt: skip
     """Split (task, seed) jobs over `workers` processes, each with its own policy copy.
 
-    `policy_kwargs` go to every worker's `load_policy` (device, kv_cache), as in the single-process path."""
+    `policy_kwargs` go to every worker's `load_policy` (device, kv_cache), as in the single-process path;
+    `delay` as in `evaluate`."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -214,12 +238,13 @@ def evaluate_parallel(
         for k in range(0, episodes, per_job):
             n_videos = 2 if k == 0 else 0
             job = (str(checkpoint), policy_kwargs or {}, task, seeds[k : k + per_job], instructions, image_size,
-                   video_dir, n_videos)  # fmt: skip
+                   video_dir, n_videos, delay)  # fmt: skip
             jobs.append(job)
     outcomes: dict[str, list[dict]] = {t: [] for t in tasks}
     infos = []
     with mp.get_context("spawn").Pool(workers) as pool:
-        for task, eps, info in tqdm(pool.imap_unordered(_worker, jobs), total=len(jobs), desc="eval", file=sys.stderr):
+        results = pool.imap_unordered(_worker, jobs)
+        for task, eps, info in tqdm(results, total=len(jobs), desc="eval", file=sys.stderr, disable=not progress):
             outcomes[task].extend(eps)
             infos.append(info)
     if any(info != infos[0] for info in infos):
@@ -227,6 +252,10 @@ def evaluate_parallel(
     result = summarize(outcomes)
     result["episodes_detail"] = outcomes
     result["policy"] = infos[0]
+    if delay is not None:
+        from vla.delay import summarize_smoothness
+
+        result["smoothness"] = summarize_smoothness(outcomes)
     return result
 
 
@@ -271,6 +300,33 @@ def format_table(result: dict, title: str = "") -> str:
     return "\n".join(lines)
 
 
+def delay_options(delay_ticks: int | None, strategy: str | None, execute: int) -> dict | None:
+    """`--delay-ticks/--strategy/--execute` checked (UserError on bad input) -> DelayedPolicy's arguments,
+    or None when neither a delay nor a strategy was asked for (today's evaluation)."""
+    from vla.strategies import STRATEGIES
+
+    if delay_ticks is None and strategy is None:
+        return None
+    delay_ticks = 0 if delay_ticks is None else delay_ticks
+    strategy = strategy or "blocking"
+    if delay_ticks < 0:
+        raise UserError(f"--delay-ticks must be >= 0, got {delay_ticks}")
+    if strategy not in STRATEGIES:
+        raise UserError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if execute < 0:
+        raise UserError(f"--execute must be >= 0 (0 = chunk - delay), got {execute}")
+    return {"strategy": strategy, "delay": delay_ticks, "execute": execute}
+
+
+def delay_report(delay: dict, chunk: int) -> dict:
+    """What the delay simulation ran with, for the JSON (execute as requested and as capped by the chunk)."""
+    from vla.strategies import make_strategy
+
+    s = make_strategy(delay["strategy"], chunk, min(delay["execute"], chunk))
+    return {"delay_ticks": delay["delay"], "strategy": delay["strategy"], "execute": delay["execute"],
+            "execute_effective": s.execute_for(delay["delay"]), "chunk": chunk}  # fmt: skip
+
+
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-eval", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
@@ -295,6 +351,26 @@ def main(argv: list[str] | None = None) -> int:
         default="own",
         help="grounding probe: give each episode a wrong instruction (swap_colour, other_task) or a held-out "
         "rephrasing of its own (paraphrase); default: its own",
+    )
+    parser.add_argument(
+        "--delay-ticks",
+        type=int,
+        default=None,
+        metavar="D",
+        help="simulate D control ticks of inference delay (simulated time; see vla/delay.py)",
+    )
+    parser.add_argument(
+        "--strategy",
+        default=None,
+        metavar="NAME",
+        help="execution strategy under delay: blocking (default), chunk, ensemble, delay_aware (vla/strategies.py)",
+    )
+    parser.add_argument(
+        "--execute",
+        type=int,
+        default=0,
+        metavar="S",
+        help="actions executed per chunk by chunk / delay_aware (default 0: as many as chunk - D)",
     )
     parser.add_argument(
         "--attention",
@@ -322,9 +398,14 @@ def _run(args) -> int:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
     if args.backend == "onnxruntime" and (args.workers > 1 or args.attention):
         raise UserError("--backend onnxruntime runs in one process without attention figures (--workers 1)")
+    delay = delay_options(args.delay_ticks, args.strategy, args.execute)
     policy_kwargs = {"device": cli.device(args.device), **cli.policy_overrides(args.policy)}
     if args.no_kv_cache:
         policy_kwargs["kv_cache"] = False
+    if delay is not None:
+        from vla.delay import raw_chunk_overrides
+
+        policy_kwargs = raw_chunk_overrides(delay["strategy"]) | policy_kwargs  # an explicit --policy wins
     policy = load_policy(args.checkpoint, backend=args.backend, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
@@ -351,7 +432,7 @@ def _run(args) -> int:
     if args.workers > 1:
         result = evaluate_parallel(
             args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
-            image_size, args.video, args.workers, policy_kwargs,
+            image_size, args.video, args.workers, policy_kwargs, delay,
         )  # fmt: skip
     else:
         result = evaluate(
@@ -362,6 +443,7 @@ def _run(args) -> int:
             args.instructions,
             args.video,
             image_size=image_size,
+            delay=delay,
         )
         result["policy"] = policy_info(policy)
     if args.experts:
@@ -370,7 +452,14 @@ def _run(args) -> int:
     result["instructions"] = args.instructions
     result["checkpoint"] = str(args.checkpoint)
     result["backend"] = args.backend
-    print(format_table(result, f"checkpoint {args.checkpoint}, instructions: {args.instructions}"))
+    if delay is not None:
+        result["delay"] = delay_report(delay, policy.chunk)
+    title = f"checkpoint {args.checkpoint}, instructions: {args.instructions}"
+    if delay is not None:
+        d, sm = result["delay"], result["smoothness"]["overall"]
+        title += (f", delay {d['delay_ticks']} ticks, strategy {d['strategy']} (execute {d['execute_effective']}); "
+                  f"jerk {sm['jerk']:.4f}, boundary jump {sm['boundary_jump']:.4f}")  # fmt: skip
+    print(format_table(result, title))
     if args.json:
         Path(args.json).parent.mkdir(parents=True, exist_ok=True)
         Path(args.json).write_text(json.dumps(result, indent=2) + "\n")

@@ -102,6 +102,7 @@ class OnnxPolicy:
         self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
         self._state: dict[str, np.ndarray] | None = None
         self._plan: np.ndarray | None = None
+        self._plan_t = 0  # the step it was planned at (Policy.act_chunk)
         self.t = 0
 
     @property
@@ -145,7 +146,7 @@ class OnnxPolicy:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         image, proprio = self._inputs(obs)
         t, self.t = self.t, self.t + 1
-        done = t % self.config.n_action_steps
+        done = t - self._plan_t if self._plan is not None and 0 < t - self._plan_t < self.config.n_action_steps else 0
         feeds = {"image": image, "proprio": proprio, "timestep": np.array([t], dtype=np.int64), **self._state}
         logits, *state = self._step.run(None, feeds)  # every step joins the context, planned or not
         self._state = dict(zip(self._state_names, state, strict=True))
@@ -154,7 +155,7 @@ class OnnxPolicy:
         values = self._values(logits[0])
         if self.config.temporal_ensemble:
             values = self._ensembler.update(t, values)
-        self._plan = np.clip(values, -1.0, 1.0).astype(np.float32)
+        self._plan, self._plan_t = np.clip(values, -1.0, 1.0).astype(np.float32), t
         return self._plan
 
     def act(self, obs: dict) -> np.ndarray:

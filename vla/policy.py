@@ -61,6 +61,7 @@ class Policy:
         self._history: deque = deque(maxlen=self.cfg.window)  # [image, proprio, timestep, tokens] per step
         self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
         self._plan: np.ndarray | None = None  # (chunk, A) the chunk being executed, with n_action_steps > 1
+        self._plan_t = 0  # the step it was planned at
         self._instruction: torch.Tensor | None = None
         self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
@@ -93,16 +94,17 @@ class Policy:
         norm = self.tok.proprio.normalize(proprio).astype(np.float32)
         return image, torch.from_numpy(norm[None]).to(self.device)  # (1, P)
 
-    def _decode(self, image: torch.Tensor, proprio: torch.Tensor, timestep: torch.Tensor):
+    def _decode(self, image: torch.Tensor, proprio: torch.Tensor, timestep: torch.Tensor, committed=None):
         """Run the network on this step (cached or recomputed); the step's tokens join the history."""
         temperature = self.config.temperature
         if self._cache is not None:
-            out = self.model.step(self._cache, image, proprio, timestep, temperature=temperature)
+            out = self.model.step(self._cache, image, proprio, timestep, temperature=temperature, committed=committed)
         else:
             w = self.window_batch()
             out = self.model.recompute(
-                w["instruction"], w["image"], w["proprio"], w["timestep"], actions=w["actions"], temperature=temperature
-            )
+                w["instruction"], w["image"], w["proprio"], w["timestep"], actions=w["actions"],
+                temperature=temperature, committed=committed,
+            )  # fmt: skip
         self._history[-1][3] = out.tokens
         return out
 
@@ -116,24 +118,44 @@ class Policy:
             return (probs * self._centres).sum(-1).cpu().numpy()  # (chunk, A)
         return self.tok.action.decode(out.tokens[0].view(chunk, A).cpu().numpy())  # (chunk, A)
 
+    def _committed_bins(self, committed: np.ndarray) -> torch.Tensor:
+        """Committed actions (n, A), the first n rows of this step's chunk -> (1, chunk*A) bins, -1 = free."""
+        n, A = committed.shape
+        if n > self.cfg.chunk or self.spec.action_dim != A:
+            raise ValueError(f"committed actions {committed.shape} do not fit a chunk of ({self.cfg.chunk}, {A})")
+        bins = np.full(self.cfg.chunk * A, -1, dtype=np.int64)
+        bins[: n * A] = np.asarray(self.tok.action.encode(committed)).reshape(-1)  # chunk-major, as the slots
+        return torch.from_numpy(bins[None]).to(self.device)
+
     @torch.inference_mode()
-    def act_chunk(self, obs: dict) -> np.ndarray:
+    def act_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
         """This step's action followed by the predicted next ones: (chunk - k, A) in [-1, 1], where k is
-        how many actions of the executing chunk were already used (k = 0 with n_action_steps = 1)."""
+        how many actions of the executing chunk were already used (k = 0 with n_action_steps = 1).
+
+        `committed` (n, A): actions already decided for this step and the next n - 1 (they execute while
+        this inference runs; vla/strategies.py, delay_aware). A model with committed action slots
+        (model.committed_actions) decodes the rest of the chunk conditioned on them; the returned
+        chunk's first n rows are exactly `committed` either way."""
         if self._instruction is None:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         image, proprio = self._inputs(obs)
         timestep = torch.tensor([self.t], dtype=torch.long, device=self.device)
         self._history.append([image, proprio, timestep, None])
         t, self.t = self.t, self.t + 1
-        done = t % self.config.n_action_steps  # actions of the current plan already executed
-        out = self._decode(image, proprio, timestep)  # every step joins the context, planned or not
+        # actions of the current plan already executed, counted in steps since it was made (a caller that
+        # skips steps, as a late controller does, must not be handed a row meant for an earlier step)
+        done = t - self._plan_t if self._plan is not None and 0 < t - self._plan_t < self.config.n_action_steps else 0
+        fixed = None if committed is None else np.asarray(committed, dtype=np.float32)
+        held = None if fixed is None else self._committed_bins(fixed)
+        out = self._decode(image, proprio, timestep, held)  # every step joins the context, planned or not
         if done and self._plan is not None:
             return self._plan[done:]
         values = self._values(out)
+        if fixed is not None:
+            values[: len(fixed)] = fixed
         if self.config.temporal_ensemble:
             values = self._ensembler.update(t, values)
-        self._plan = np.clip(values, -1.0, 1.0).astype(np.float32)
+        self._plan, self._plan_t = np.clip(values, -1.0, 1.0).astype(np.float32), t
         return self._plan
 
     def window_batch(self) -> dict:

@@ -30,6 +30,7 @@ from vla.augment import random_shift
 from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_checkpoint, save_json
 from vla.config import ConfigError, apply_overrides, from_dict, to_dict
 from vla.dataset import EpochSampler, Tokenizers, WindowDataset, data_fingerprint, fit_tokenizers
+from vla.delay_training import commit_random_prefix
 from vla.distributed import Distributed
 from vla.hdf5_format import DatasetError
 from vla.model import ActionTransformer, DataSpec
@@ -345,6 +346,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
         demos = batch.pop("demo")
         gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step * 101 + ddp.rank)
         batch["image"] = random_shift(batch["image"], cfg.data.augment_shift, gen)
+        if cfg.train.delay_aware_max:
+            batch = commit_random_prefix(batch, cfg.train.delay_aware_max, cfg.model.chunk, gen)
         result = train_step(model, wrapped, optimizer, {k: v.to(device) for k, v in batch.items()}, cfg, ddp, use_amp)
         scheduler.step()
         if result is None:

@@ -85,12 +85,15 @@ class LoopConfig:
     checkpoint_every: int = 500  # steps between checkpoints (always at the end too)
     skip_nonfinite: bool = False  # skip (and count) batches with a non-finite loss/grad instead of stopping
     stop_at: int = 0  # stop after this step as if interrupted (checkpoint first); 0 = run to the end
+    delay_aware_max: int = 0  # train with 0..N committed chunk rows (vla/delay_training.py); 0 = off
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:
             raise ValueError(
                 f"steps and batch_size must be positive, got steps={self.steps}, batch_size={self.batch_size}"
             )
+        if self.delay_aware_max < 0:
+            raise ValueError(f"train.delay_aware_max={self.delay_aware_max} must be >= 0")
         if self.log_every < 1 or self.checkpoint_every < 1 or self.stop_at < 0:
             raise ValueError(
                 f"log_every={self.log_every} and checkpoint_every={self.checkpoint_every} must be >= 1, "
@@ -117,6 +120,13 @@ class TrainConfig:
     policy: PolicyConfig = field(default_factory=PolicyConfig)  # inference settings saved with the checkpoint
 
     def __post_init__(self):
+        if self.train.delay_aware_max and not (
+            self.model.committed_actions and self.train.delay_aware_max < self.model.chunk
+        ):
+            raise ValueError(
+                f"train.delay_aware_max={self.train.delay_aware_max} needs model.committed_actions=true (got "
+                f"{self.model.committed_actions}) and a delay below model.chunk={self.model.chunk}"
+            )
         if self.data.keypoint_key and not self.model.keypoints:
             raise ValueError(
                 f"data.keypoint_key={self.data.keypoint_key!r} needs model.keypoints > 0 (got 0); "

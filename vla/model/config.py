@@ -45,6 +45,7 @@ class ModelConfig:
     action_bins: int = 256  # discretization bins per action dimension (ActionTokenizer.bins)
     chunk: int = 4  # future actions predicted per step (t .. t+chunk-1) -> chunk * A action slots
     action_decoding: Literal["autoregressive", "parallel"] = "parallel"  # see vla/model/network.py
+    committed_actions: bool = False  # parallel slots can hold already-committed action bins (vla/delay_training.py)
     # time and context
     window: int = 2  # K: control steps in the context window (and KV-cache step slots)
     time_encoding: Literal["relative", "sinusoidal", "learned", "none"] = "relative"  # see vla/model/network.py
@@ -75,6 +76,11 @@ class ModelConfig:
             raise ValueError(f"film=True needs patch_embed='conv' or keypoints, got patch_embed={self.patch_embed!r}")
         if self.aux_feed and not self.keypoints:
             raise ValueError("aux_feed=True needs keypoints > 0 (the auxiliary prediction reads the keypoints)")
+        if self.committed_actions and (self.action_decoding != "parallel" or self.causal_scope != "step"):
+            raise ValueError(
+                "committed_actions=True needs action_decoding='parallel' and causal_scope='step', got "
+                f"{self.action_decoding!r} and {self.causal_scope!r}"
+            )
         if self.action_bins < 2:
             raise ValueError(f"action_bins={self.action_bins} must be >= 2")
         if not 0.0 <= self.dropout < 1.0:

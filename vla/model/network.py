@@ -107,7 +107,9 @@ class ActionTransformer(nn.Module):
             self.instr_embed = nn.Embedding(spec.vocab_size, d)
         self.instr_pos = nn.Embedding(cfg.instruction_len, d)
         # parallel decoding never feeds action values; its slots are queries (segment + index only)
-        self.action_embed = nn.Embedding(cfg.action_bins, d) if cfg.action_decoding == "autoregressive" else None
+        # (committed_actions: the committed slots of a delay-aware model hold their bin's embedding)
+        feeds_bins = cfg.action_decoding == "autoregressive" or cfg.committed_actions
+        self.action_embed = nn.Embedding(cfg.action_bins, d) if feeds_bins else None
         self.segment_embed = nn.Embedding(4, d)
         self.index_embed = nn.Embedding(S, d)  # position of a token inside its step's block
         self.time_embed = None
@@ -222,10 +224,11 @@ class ActionTransformer(nn.Module):
             return self.time_embed(timestep.clamp(0, self.cfg.max_episode_steps - 1))[:, :, None]
         return None
 
-    def embed_steps(self, image, proprio, timestep, actions=None, context=None) -> StepEmbedding:
+    def embed_steps(self, image, proprio, timestep, actions=None, context=None, committed=None) -> StepEmbedding:
         """Step tokens: image (B,T,C,H,W,3) uint8, proprio (B,T,P) normalized, timestep (B,T), actions
         (B,T,chunk*A) int64 bins or None (autoregressive slots j >= 1 then hold no value; -1 = no value),
-        context (B, 2d) the instruction summary for FiLM -> StepEmbedding with x (B, T, S, d)."""
+        context (B, 2d) the instruction summary for FiLM, committed (B,T,chunk*A) int64 bins already decided
+        for slot j itself (-1 = free; read only with committed_actions) -> StepEmbedding with x (B, T, S, d)."""
         B, T = timestep.shape
         vision = self.patch_embed(image, context)  # (B, T, C*(g*g + M), d) with positions
         aux_pred = None
@@ -239,6 +242,8 @@ class ActionTransformer(nn.Module):
         if self.action_embed is not None and actions is not None and act.shape[2] > 1:
             prev = actions[:, :, :-1]  # (B, T, chunk*A - 1): slot j holds bin j-1 (GPT shift); -1 = no value
             act[:, :, 1:] = self.action_embed(prev.clamp(min=0)) * (prev >= 0)[..., None]
+        if self.cfg.committed_actions and committed is not None:  # later slots see these through the causal mask
+            act = act + self.action_embed(committed.clamp(min=0)) * (committed >= 0)[..., None]  # (B, T, chunk*A, d)
         step_embed = self.segment_embed(self.step_segment) + self.index_embed.weight  # (S, d)
         x = torch.cat([vision.tokens, prop[:, :, None], act], dim=2) + step_embed  # (B, T, S, d)
         t = self._time_embed(timestep)
@@ -248,7 +253,9 @@ class ActionTransformer(nn.Module):
         """The whole stream of a batch of windows: (B, L + T*S, d), and the step embedding's by-products."""
         instruction = batch["instruction"]
         context = self.instruction_context(instruction)  # (B, 2d) or None
-        emb = self.embed_steps(batch["image"], batch["proprio"], batch["timestep"], batch.get("actions"), context)
+        emb = self.embed_steps(
+            batch["image"], batch["proprio"], batch["timestep"], batch.get("actions"), context, batch.get("committed")
+        )
         return torch.cat([self.embed_instruction(instruction), emb.x.flatten(1, 2)], dim=1), emb
 
     # ------------------------------------------------------------------------- mask and trunk
@@ -365,13 +372,22 @@ class ActionTransformer(nn.Module):
 
     @torch.inference_mode()
     def recompute(
-        self, instruction, image, proprio, timestep, step_mask=None, actions=None, temperature=0.0, generator=None
+        self,
+        instruction,
+        image,
+        proprio,
+        timestep,
+        step_mask=None,
+        actions=None,
+        temperature=0.0,
+        generator=None,
+        committed=None,
     ) -> StepOutput:
         """Decode the last step's action tokens from scratch (no cache) over the given window.
 
         Same inputs as `forward` (T <= K steps, oldest first); `actions` (B, T, chunk*A) holds the past
         steps' decoded tokens (read under causal_scope="stream" with autoregressive decoding); the last
-        step's are decoded here."""
+        step's are decoded here. `committed` (B, chunk*A): the last step's committed bins (-1 = free)."""
         B, T = timestep.shape
         L, lay = self.cfg.instruction_len, self.layout
         S, n_obs, CA = lay.tokens_per_step, lay.n_obs_tokens, lay.n_action_tokens
@@ -381,7 +397,11 @@ class ActionTransformer(nn.Module):
         coords = self.window_coords(instruction, timestep, step_mask)
         mask = self.mask(coords, coords)  # (B, H|1, N, N)
         context = self.instruction_context(instruction)  # (B, 2d) or None
-        steps = self.embed_steps(image, proprio, timestep, acts, context).x  # (B, T, S, d)
+        held = None
+        if committed is not None:  # only the decoded step has committed slots
+            held = torch.full_like(acts, -1)  # (B, T, chunk*A)
+            held[:, -1] = committed
+        steps = self.embed_steps(image, proprio, timestep, acts, context, held).x  # (B, T, S, d)
         x = torch.cat([self.embed_instruction(instruction), steps.flatten(1, 2)], dim=1)  # (B, L + T*S, d)
         last = L + (T - 1) * S + n_obs  # stream position of the last step's slot 0
         if self.cfg.action_decoding == "parallel":
@@ -437,10 +457,13 @@ class ActionTransformer(nn.Module):
         cache.started = True
 
     @torch.inference_mode()
-    def step(self, cache, image, proprio, timestep, temperature: float = 0.0, generator=None) -> StepOutput:
+    def step(
+        self, cache, image, proprio, timestep, temperature: float = 0.0, generator=None, committed=None
+    ) -> StepOutput:
         """One control step: append the step's observation tokens and decode its action tokens.
 
-        image (B, C, H, W, 3) uint8, proprio (B, P) normalized, timestep (B,) episode step index.
+        image (B, C, H, W, 3) uint8, proprio (B, P) normalized, timestep (B,) episode step index, committed
+        (B, chunk*A) bins already decided for this step's slots (-1 = free; with committed_actions).
         When the window already holds K steps, the oldest is evicted (its slot is overwritten)."""
         if not cache.started:
             raise RuntimeError("call model.start(cache, instruction) before model.step")
@@ -449,7 +472,8 @@ class ActionTransformer(nn.Module):
         base = cache.slot_offset(slot)  # buffer position of this step's first token
         keys = cache.coords()
         mask = self.mask(keys.select(slice(base, base + S)), keys)  # (B, H|1, S, L + K*S)
-        x = self.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, cache.film_ctx).x[:, 0]
+        held = None if committed is None else committed[:, None]  # (B, 1, chunk*A)
+        x = self.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, cache.film_ctx, held).x[:, 0]
         # pass 0: observation tokens + the action slots that need no decoded value
         n0 = S if self.cfg.action_decoding == "parallel" else n_obs + 1
         h = x[:, :n0]  # (B, n0, d)
