@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import envs
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_main
 from vla.export import ExportError, PrefixGraph, StepGraph, export_policy, parity
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.onnx_policy import load_onnx_policy
@@ -149,17 +149,17 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, tmp_path):
     results = {}
     for backend, checkpoint in (("torch", tiny_checkpoint), ("onnxruntime", export)):
         out = tmp_path / f"eval_{backend}.json"
-        r = run_cli("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 1, "--tasks", "all",
-                    "--json", out, "--backend", backend)  # fmt: skip
+        r = run_main("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 1, "--tasks", "all",
+                     "--json", out, "--backend", backend)  # fmt: skip
         assert r.returncode == 0, r.stderr
         results[backend] = json.loads(out.read_text())
     assert results["onnxruntime"]["backend"] == "onnxruntime"
     assert results["onnxruntime"]["episodes_detail"] == results["torch"]["episodes_detail"]
     report = tmp_path / "deploy.json"
-    r = run_cli("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
-                "--backend", "onnxruntime", "--quiet")  # fmt: skip
+    r = run_main("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
+                 "--backend", "onnxruntime", "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())
     assert summary["backend"] == "onnxruntime" and summary["device"] == "onnxruntime-cpu"
-    r = run_cli("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
+    r = run_main("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--workers 1" in r.stderr
