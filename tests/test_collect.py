@@ -38,6 +38,10 @@ def pairs(path) -> list[tuple[str, int]]:
         return [(m["task"], m["seed"]) for m in (demo_meta(f, n) for n in demo_names(f))]
 
 
+# The tests that read `small` run on one worker, which collects it once (pytest-xdist --dist loadgroup).
+uses_small = pytest.mark.xdist_group("collect_small")
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     out = tmp_path_factory.mktemp("collect") / "small.hdf5"
@@ -46,6 +50,7 @@ def small(tmp_path_factory):
     return out
 
 
+@uses_small
 def test_layout_of_a_collected_file(small):
     assert validate(small) == []
     with h5py.File(small, "r") as f:
@@ -77,6 +82,7 @@ def test_layout_of_a_collected_file(small):
         assert train | valid == set(names) and not train & valid and len(valid) == 2  # one per task
 
 
+@uses_small
 def test_rerun_refuses_and_resume_of_complete_file_adds_nothing(small, capsys):
     before = small.read_bytes()
     argv = ["--tasks", f"{REACH},{PUSH}", "--episodes-per-task", "3", "--out", str(small), "--seed", "10", "--quiet"]
@@ -86,6 +92,7 @@ def test_rerun_refuses_and_resume_of_complete_file_adds_nothing(small, capsys):
     assert small.read_bytes() == before  # nothing to do: the file is not even rewritten
 
 
+@uses_small
 def test_resume_extends_counts_without_duplicates(small, tmp_path):
     out = tmp_path / "more.hdf5"
     out.write_bytes(small.read_bytes())

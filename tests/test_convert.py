@@ -13,6 +13,9 @@ from vla.convert import convert
 from vla.sources import open_source
 from vla.validate import validate
 
+# One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("convert")
+
 
 def _digest(path):
     files = sorted(p for p in path.rglob("*") if p.is_file()) if path.is_dir() else [path]
