@@ -167,7 +167,7 @@ def test_nonfinite_loss_stops_with_step_and_demos(tiny_dataset, tmp_path, capsys
 def test_ddp_two_processes_hold_identical_weights(tiny_dataset, tmp_path):
     out = tmp_path / "ddp"
     proc = run_cli(
-        "torch.distributed.run", "--nproc-per-node", "2", "-m", "vla.train",
+        "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "vla.train",
         "--config", TINY, "--data", tiny_dataset, "--out", out, "train.steps=6", "train.log_every=2",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]
