@@ -67,3 +67,11 @@ def tiny_checkpoint(tiny_dataset, tmp_path_factory):
                        "train.steps=20", "train.log_every=10"])  # fmt: skip
     assert code == 0
     return out
+
+
+def pytest_collection_modifyitems(config, items):
+    """Under pytest-xdist, tests marked `slow` first: the long ones start while the other workers still have
+    short ones to balance with, instead of leaving one worker running them at the end. Every worker collects
+    and sorts alike; a single process keeps the file order (so module-scoped fixtures are built once)."""
+    if os.environ.get("PYTEST_XDIST_WORKER"):
+        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order otherwise

@@ -112,6 +112,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert collect_main(["--episodes-per-task", "1", "--out", str(tmp_path / "no/dir/a.hdf5")]) == 2
 
 
+@pytest.mark.slow
 def test_failed_seeds_are_recorded_and_never_retried(tmp_path, capsys):
     """With heavy action noise the Stack expert fails: the seeds are recorded, the cap stops the run
     with a clear message and a non-zero exit, and --resume does not retry them."""
@@ -131,6 +132,7 @@ def test_failed_seeds_are_recorded_and_never_retried(tmp_path, capsys):
     assert sorted(p.name for p in parts.glob("*.failed.json")) == markers
 
 
+@pytest.mark.slow
 def test_keep_failed_keeps_every_attempt(tmp_path):
     out = tmp_path / "all.hdf5"
     argv = ["--tasks", STACK, "--episodes-per-task", "2", "--noise", "3", "--keep-failed", "--out", str(out)]
@@ -143,6 +145,7 @@ def test_keep_failed_keeps_every_attempt(tmp_path):
     assert not Path(f"{out}.parts").exists()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume(tmp_path):
     """kill -9 of the collector's process group while episodes are landing: the output is absent or
     valid, and --resume completes the counts with no (task, seed) pair twice."""

@@ -82,6 +82,7 @@ def cli_export(tiny_checkpoint, tmp_path_factory):
     return result, out
 
 
+@pytest.mark.slow
 @uses_cli_export
 def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     """vla-export writes the graphs (fp32 and int8) and manifest, checks parity itself; full rollouts of every
@@ -102,6 +103,7 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     assert max(diffs.values()) <= TOL, diffs
 
 
+@pytest.mark.slow
 def test_demo_architecture_full_rollout_parity(tiny_checkpoint, tmp_path):
     """Conv stem + FiLM + keypoints (the default architecture): full rollouts of every task agree."""
     diffs = full_rollout_parity(demo_like(tiny_checkpoint), tmp_path / "export")
@@ -156,6 +158,7 @@ def test_missing_export_is_one_clear_error(tiny_checkpoint):
         load_policy(tiny_checkpoint / "checkpoints", backend="onnxruntime")
 
 
+@pytest.mark.slow
 @uses_cli_export
 def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export, tmp_path):
     """vla-eval gives the same episodes on both backends; vla-deploy runs the exported graphs on the clock."""

@@ -128,6 +128,7 @@ def test_config_errors_are_one_line(tiny_dataset, tmp_path, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_in_a_fresh_process_with_identical_outputs(tiny_dataset, tmp_path):
     out = tmp_path / "run"
     assert train(tiny_dataset, out, "train.steps=10") == 0
