@@ -77,6 +77,7 @@ def test_data_tiny(tiny_dataset, tmp_path, capsys):
     assert "| preloaded |" in md and "*trainer consumes*" in md
 
 
+@pytest.mark.slow
 def test_collect_tiny(tmp_path, capsys):
     r, md = bench(capsys, tmp_path, "collect", "--tasks", "reach", "--episodes-per-task", "1", "--image-size", "32",
                   "--raw-steps", "10")  # fmt: skip

@@ -31,6 +31,7 @@ def restore_threads():
     torch.set_num_threads(before)
 
 
+@pytest.mark.slow
 def test_latency_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "lat.json"
     assert main(["latency", "--json", str(out), *ARGS, *TINY]) == 0

@@ -38,6 +38,10 @@ def pairs(path) -> list[tuple[str, int]]:
         return [(m["task"], m["seed"]) for m in (demo_meta(f, n) for n in demo_names(f))]
 
 
+# The tests that read `small` run on one worker, which collects it once (pytest-xdist --dist loadgroup).
+uses_small = pytest.mark.xdist_group("collect_small")
+
+
 @pytest.fixture(scope="module")
 def small(tmp_path_factory):
     out = tmp_path_factory.mktemp("collect") / "small.hdf5"
@@ -46,6 +50,7 @@ def small(tmp_path_factory):
     return out
 
 
+@uses_small
 def test_layout_of_a_collected_file(small):
     assert validate(small) == []
     with h5py.File(small, "r") as f:
@@ -77,6 +82,7 @@ def test_layout_of_a_collected_file(small):
         assert train | valid == set(names) and not train & valid and len(valid) == 2  # one per task
 
 
+@uses_small
 def test_rerun_refuses_and_resume_of_complete_file_adds_nothing(small, capsys):
     before = small.read_bytes()
     argv = ["--tasks", f"{REACH},{PUSH}", "--episodes-per-task", "3", "--out", str(small), "--seed", "10", "--quiet"]
@@ -86,6 +92,7 @@ def test_rerun_refuses_and_resume_of_complete_file_adds_nothing(small, capsys):
     assert small.read_bytes() == before  # nothing to do: the file is not even rewritten
 
 
+@uses_small
 def test_resume_extends_counts_without_duplicates(small, tmp_path):
     out = tmp_path / "more.hdf5"
     out.write_bytes(small.read_bytes())
@@ -105,6 +112,7 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert collect_main(["--episodes-per-task", "1", "--out", str(tmp_path / "no/dir/a.hdf5")]) == 2
 
 
+@pytest.mark.slow
 def test_failed_seeds_are_recorded_and_never_retried(tmp_path, capsys):
     """With heavy action noise the Stack expert fails: the seeds are recorded, the cap stops the run
     with a clear message and a non-zero exit, and --resume does not retry them."""
@@ -124,6 +132,7 @@ def test_failed_seeds_are_recorded_and_never_retried(tmp_path, capsys):
     assert sorted(p.name for p in parts.glob("*.failed.json")) == markers
 
 
+@pytest.mark.slow
 def test_keep_failed_keeps_every_attempt(tmp_path):
     out = tmp_path / "all.hdf5"
     argv = ["--tasks", STACK, "--episodes-per-task", "2", "--noise", "3", "--keep-failed", "--out", str(out)]
@@ -136,6 +145,7 @@ def test_keep_failed_keeps_every_attempt(tmp_path):
     assert not Path(f"{out}.parts").exists()
 
 
+@pytest.mark.slow
 def test_kill_9_mid_run_then_resume(tmp_path):
     """kill -9 of the collector's process group while episodes are landing: the output is absent or
     valid, and --resume completes the counts with no (task, seed) pair twice."""

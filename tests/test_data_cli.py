@@ -15,6 +15,9 @@ import pytest
 from vla.collect import main as collect_main
 from vla.data_cli import main
 
+# One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("data_cli")
+
 REACH, PUSH = "tabletop/Reach-v0", "tabletop/Push-v0"
 
 

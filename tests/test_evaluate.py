@@ -93,6 +93,7 @@ def check_contract(result: dict, tasks: list[str], episodes: int):
     assert o["ci95"] == pytest.approx(list(wilson_interval(wins, o["episodes"])))
 
 
+@pytest.mark.slow
 def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_path, capsys):
     """In process (test_smoke runs vla-eval as its own process)."""
     out, videos = tmp_path / "eval.json", tmp_path / "videos"
@@ -107,6 +108,7 @@ def test_vla_eval_cli_writes_the_design_json_and_videos(tiny_checkpoint, tmp_pat
     assert "| task | success |" in stdout and "**overall**" in stdout
 
 
+@pytest.mark.slow
 def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_checkpoint, tmp_path):
     out = tmp_path / "eval.json"
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "2", "--json", str(out),

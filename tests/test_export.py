@@ -10,7 +10,7 @@ import pytest
 import torch
 
 import envs
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_main
 from vla.export import ExportError, PrefixGraph, StepGraph, export_policy, parity
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.onnx_policy import load_onnx_policy
@@ -69,11 +69,25 @@ def full_rollout_parity(policy, out) -> dict:
     return parity(policy, load_onnx_policy(out, threads=1), envs.TASKS, steps=None)
 
 
-def test_cli_export_and_full_rollout_parity(tiny_checkpoint, tmp_path):
+# The tests that read `cli_export` run on one worker, which exports once (pytest-xdist --dist loadgroup).
+uses_cli_export = pytest.mark.xdist_group("cli_export")
+
+
+@pytest.fixture(scope="module")
+def cli_export(tiny_checkpoint, tmp_path_factory):
+    """vla-export of the tiny checkpoint, run as its own process (the one real run of that console script);
+    the tests that use it only read it."""
+    out = tmp_path_factory.mktemp("export") / "export"
+    result = run_cli("vla.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
+    return result, out
+
+
+@pytest.mark.slow
+@uses_cli_export
+def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     """vla-export writes the graphs (fp32 and int8) and manifest, checks parity itself; full rollouts of every
     task agree."""
-    out = tmp_path / "export"
-    result = run_cli("vla.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
+    result, out = cli_export
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("parity fp32 tabletop/") == result.stdout.count("parity int8 tabletop/") == 4
     manifest = json.loads((out / "manifest.json").read_text())
@@ -89,6 +103,7 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, tmp_path):
     assert max(diffs.values()) <= TOL, diffs
 
 
+@pytest.mark.slow
 def test_demo_architecture_full_rollout_parity(tiny_checkpoint, tmp_path):
     """Conv stem + FiLM + keypoints (the default architecture): full rollouts of every task agree."""
     diffs = full_rollout_parity(demo_like(tiny_checkpoint), tmp_path / "export")
@@ -116,21 +131,22 @@ def test_export_refuses_what_it_cannot_reproduce(tiny_checkpoint, tmp_path, over
     assert not (tmp_path / "export" / "manifest.json").exists()
 
 
-def test_onnx_policy_runs_without_torch(tiny_checkpoint, tmp_path):
+@uses_cli_export
+def test_onnx_policy_runs_without_torch(cli_export):
     """The onnxruntime backend imports neither torch nor anything that needs it."""
-    policy = load_policy(tiny_checkpoint, device="cpu")
-    export_policy(policy, tmp_path)
+    export = cli_export[1]
+    spec = json.loads((export / "manifest.json").read_text())["data_spec"]
     script = f"""
 import sys
 sys.modules["torch"] = None  # any import of torch now fails
 import numpy as np
 from vla import load_policy
-policy = load_policy({str(tmp_path)!r}, backend="onnxruntime")
+policy = load_policy({str(export)!r}, backend="onnxruntime")
 assert "torch" not in [m.split(".")[0] for m, v in sys.modules.items() if v is not None]
 policy.reset("reach the red target")
-obs = {{"image": np.zeros((64, 64, 3), np.uint8), "proprio": np.zeros({policy.spec.proprio_dim}, np.float32)}}
+obs = {{"image": np.zeros((64, 64, 3), np.uint8), "proprio": np.zeros({spec["proprio_dim"]}, np.float32)}}
 a = policy.act(obs)
-assert a.shape == ({policy.spec.action_dim},) and np.all(np.abs(a) <= 1), a
+assert a.shape == ({spec["action_dim"]},) and np.all(np.abs(a) <= 1), a
 print("ok")
 """
     result = subprocess.run([sys.executable, "-c", script], capture_output=True, text=True, timeout=120)
@@ -142,24 +158,25 @@ def test_missing_export_is_one_clear_error(tiny_checkpoint):
         load_policy(tiny_checkpoint / "checkpoints", backend="onnxruntime")
 
 
-def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, tmp_path):
+@pytest.mark.slow
+@uses_cli_export
+def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export, tmp_path):
     """vla-eval gives the same episodes on both backends; vla-deploy runs the exported graphs on the clock."""
-    export = tmp_path / "export"
-    export_policy(load_policy(tiny_checkpoint, device="cpu"), export)
+    export = cli_export[1]
     results = {}
     for backend, checkpoint in (("torch", tiny_checkpoint), ("onnxruntime", export)):
         out = tmp_path / f"eval_{backend}.json"
-        r = run_cli("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 1, "--tasks", "all",
-                    "--json", out, "--backend", backend)  # fmt: skip
+        r = run_main("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 1, "--tasks", "all",
+                     "--json", out, "--backend", backend)  # fmt: skip
         assert r.returncode == 0, r.stderr
         results[backend] = json.loads(out.read_text())
     assert results["onnxruntime"]["backend"] == "onnxruntime"
     assert results["onnxruntime"]["episodes_detail"] == results["torch"]["episodes_detail"]
     report = tmp_path / "deploy.json"
-    r = run_cli("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
-                "--backend", "onnxruntime", "--quiet")  # fmt: skip
+    r = run_main("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
+                 "--backend", "onnxruntime", "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())
     assert summary["backend"] == "onnxruntime" and summary["device"] == "onnxruntime-cpu"
-    r = run_cli("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
+    r = run_main("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--workers 1" in r.stderr

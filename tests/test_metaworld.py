@@ -99,6 +99,7 @@ def test_without_the_package_import_envs_still_works_and_the_ids_are_absent():
     assert "pip install -e '.[metaworld]'" in out.stdout
 
 
+@pytest.mark.slow
 def test_collect_train_and_evaluate_a_metaworld_task(tmp_path):
     from vla.collect import main as collect_main
     from vla.evaluate import add_expert_rates, format_table, run_episode, summarize

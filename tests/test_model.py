@@ -460,6 +460,7 @@ def _two_squares(
     return image, torch.randint(0, 2, (B,), generator=g), centres
 
 
+@pytest.mark.slow
 def test_keypoint_targets_teach_an_instruction_conditioned_keypoint():
     """The heat-map loss makes keypoint 0 follow whichever square the instruction names: after a short
     training it lands on the named square, and renaming the other square moves it there."""

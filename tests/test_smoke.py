@@ -7,10 +7,13 @@ from __future__ import annotations
 
 import json
 
+import pytest
+
 from tests.conftest import run_cli
 from vla.policy import load_policy
 
 
+@pytest.mark.slow
 def test_demo_path_end_to_end_at_toy_size(tmp_path):
     data, run = tmp_path / "demo.hdf5", tmp_path / "run"
     r = run_cli("vla.collect", "--tasks", "all", "--episodes-per-task", "2", "--workers", "2", "--noise", "0.3",

@@ -128,6 +128,7 @@ def test_config_errors_are_one_line(tiny_dataset, tmp_path, capsys):
     assert "--resume" in capsys.readouterr().err
 
 
+@pytest.mark.slow
 def test_checkpoint_loads_in_a_fresh_process_with_identical_outputs(tiny_dataset, tmp_path):
     out = tmp_path / "run"
     assert train(tiny_dataset, out, "train.steps=10") == 0
@@ -167,7 +168,7 @@ def test_nonfinite_loss_stops_with_step_and_demos(tiny_dataset, tmp_path, capsys
 def test_ddp_two_processes_hold_identical_weights(tiny_dataset, tmp_path):
     out = tmp_path / "ddp"
     proc = run_cli(
-        "torch.distributed.run", "--nproc-per-node", "2", "-m", "vla.train",
+        "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "vla.train",
         "--config", TINY, "--data", tiny_dataset, "--out", out, "train.steps=6", "train.log_every=2",
     )  # fmt: skip
     assert proc.returncode == 0, proc.stderr[-2000:]

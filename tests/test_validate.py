@@ -12,6 +12,9 @@ import pytest
 from vla.collect import main as collect_main
 from vla.validate import validate
 
+# One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
+pytestmark = pytest.mark.xdist_group("validate")
+
 
 @pytest.fixture(scope="module")
 def good(tmp_path_factory):
