@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vla import cli
 
-SUBCOMMANDS = ("latency", "train", "data", "collect")
+SUBCOMMANDS = ("latency", "plan", "train", "data", "collect")
 
 
 def main(argv: list[str] | None = None) -> int:
