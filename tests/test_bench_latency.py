@@ -21,7 +21,20 @@ TINY = [
     "instruction_len=6",
     "action_bins=16",
 ]
-ARGS = ["--steps", "4", "--warmup", "3", "--window", "3", "--equivalence-steps", "8", "--threads", "1"]
+ARGS = [
+    "--steps",
+    "4",
+    "--warmup",
+    "3",
+    "--window",
+    "3",
+    "--equivalence-steps",
+    "8",
+    "--threads",
+    "1",
+    "--peak-seconds",
+    "0.1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -33,7 +46,7 @@ def restore_threads():
 
 def test_latency_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "lat.json"
-    assert main(["latency", "--json", str(out), *ARGS, *TINY]) == 0
+    assert main(["latency", "--json", str(out), "--backend", "torch", *ARGS, *TINY]) == 0  # backends: below
     r = json.loads(out.read_text())
     for key in ("streaming_ms", "recompute_ms", "hf_gpt2_ms"):
         assert set(r[key]) >= {"p50", "p99"} and 0 < r[key]["p50"] <= r[key]["p99"]
@@ -50,7 +63,9 @@ def test_latency_json_and_markdown(tmp_path, capsys):
 def test_latency_without_transformers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
     out = tmp_path / "lat.json"
-    assert main(["latency", "--json", str(out), "--decoding", "autoregressive", *ARGS, *TINY]) == 0
+    assert (
+        main(["latency", "--json", str(out), "--decoding", "autoregressive", "--backend", "torch", *ARGS, *TINY]) == 0
+    )
     r = json.loads(out.read_text())
     assert r["hf_gpt2_ms"] is None and "transformers" in r["hf_gpt2_reason"]
     assert r["streaming_ms"]["p50"] > 0 and r["max_abs_diff"] <= 1e-4
@@ -98,7 +113,7 @@ def test_latency_backends_and_flop_limit_columns(tmp_path):
     from vla.model_card import model_card
 
     out = tmp_path / "lat.json"
-    argv = ["latency", "--json", str(out), "--decoding", "parallel", "--peak-seconds", "0.2", *ARGS, *TINY]
+    argv = ["latency", "--json", str(out), "--decoding", "parallel", *ARGS, *TINY]
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert list(r["backends_ms"]) == ["torch", "onnxruntime", "onnxruntime-int8"]
@@ -122,7 +137,7 @@ def test_latency_backends_and_flop_limit_columns(tmp_path):
 def test_latency_backend_flag(tmp_path, capsys):
     """--backend picks the backends; one that cannot run (autoregressive is not exportable) says why."""
     out = tmp_path / "lat.json"
-    argv = ["latency", "--json", str(out), "--backend", "torch,onnxruntime", "--peak-seconds", "0.1", *ARGS, *TINY]
+    argv = ["latency", "--json", str(out), "--backend", "torch,onnxruntime", *ARGS, *TINY]
     assert main([*argv, "--decoding", "autoregressive"]) == 0
     m = json.loads(out.read_text())["by_decoding"]["autoregressive"]
     assert m["backends_ms"]["onnxruntime"] is None and "autoregressive" in m["backend_reasons"]["onnxruntime"]

@@ -65,6 +65,7 @@ def test_plan_budget_decides_what_fits(tmp_path):
         (["--hz", "20", "--window", "two"], "--window 'two'"),
         (["--hz", "20", "--backend", "tpu"], "--backend 'tpu'"),
         (["--hz", "20", "--image-size", "40"], "--image-size 40"),
+        (["--hz", "20", "--device", "tpu"], "--device tpu"),
     ],
 )
 def test_plan_bad_input_is_one_line(argv, says, capsys):

@@ -19,6 +19,14 @@ window full (K steps; the oldest is evicted). Three ways, same model size and to
 The top level reports our parallel decoding (one pass per step) against the token-at-a-time GPT-2
 peer; `by_decoding` has every pairing, matched ones included.
 
+Backends (`--backend`, default all): the streaming step on torch eager (the `streaming` row), and the
+exported step graph (vla/export.py's `StepGraph`, exported from this benchmark's model) on onnxruntime
+in fp32 and dynamically quantized to int8 (`onnxruntime-int8`); their logits' largest difference from
+torch's is reported. Next to each backend, the FLOP limit: the model card's FLOPs per step (which agree
+with `torch.utils.flop_counter.FlopCounterMode`) divided by the fp32 matmul peak measured in the same
+run at the same thread count (the better of before and after the steps), i.e. the time the step would
+take at peak, and measured p50 / limit.
+
 Timing: `time.perf_counter` around each step under `torch.inference_mode`, after a warm-up that
 fills the window; p50/p99 in milliseconds. The three methods take turns step by step, so a change
 in machine load during the run hits them alike. `--threads` defaults to the cores this process may use
@@ -175,9 +183,10 @@ class _Streaming:
         self.logits.append(out.logits)
 
 
-def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path) -> float:
-    """prefix.onnx, step.onnx and step.int8.onnx of a model (vla-export's graphs, without a checkpoint's
-    tokenizers); returns the seconds it took. Raises vla.export.ExportError for what cannot be exported."""
+def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path, int8: bool = True) -> float:
+    """prefix.onnx, step.onnx (and with `int8` step.int8.onnx) of a model: vla-export's graphs, without a
+    checkpoint's tokenizers; returns the seconds it took. Raises vla.export.ExportError for what cannot be
+    exported."""
     import copy
     import logging
 
@@ -196,6 +205,8 @@ def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out:
         example = (image, torch.zeros(1, spec.proprio_dim), torch.zeros(1, dtype=torch.long), *state)
         inputs, outputs = ["image", "proprio", "timestep", *names], ["logits", *(f"next_{n}" for n in names)]
         _onnx_export(StepGraph(model), example, out / "step.onnx", inputs, outputs)
+    if not int8:
+        return time.perf_counter() - t0
     from onnxruntime.quantization import QuantType, quantize_dynamic
 
     root = logging.getLogger()  # quantize_dynamic suggests "pre-processing" on the root logger, every time
@@ -356,7 +367,7 @@ def onnx_methods(model, ep: _Episode, backends: list[str], threads: int, device,
     from vla.export import ExportError
 
     try:
-        seconds = export_step_graphs(model, ep.instruction, workdir)
+        seconds = export_step_graphs(model, ep.instruction, workdir, int8="onnxruntime-int8" in wanted)
     except ExportError as e:
         return {}, {b: f"not exportable: {e}" for b in wanted}, None
     methods = {b: _OnnxStreaming(workdir, ep, threads, b.endswith("int8"), device) for b in wanted}

@@ -23,6 +23,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from vla import cli
 from vla.bench.latency import (
     TABLETOP,
     _Episode,
@@ -63,6 +64,7 @@ def add_arguments(p) -> None:
     p.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads (default: usable cores)")
     add_backend_argument(p)
     p.add_argument("--image-size", type=int, default=TABLETOP.image_size, help="camera image side, px (default 64)")
+    p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, auto (default cpu, a robot's computer)")
     p.add_argument("--seed", type=int, default=0)
 
 
@@ -92,16 +94,16 @@ def candidates(args) -> list[ModelConfig]:
     return out
 
 
-def measure(cfg: ModelConfig, spec, backends: list[str], steps: int, threads: int, seed: int) -> dict:
+def measure(cfg: ModelConfig, spec, backends: list[str], steps: int, threads: int, seed: int, device) -> dict:
     """p50/p99 of the streaming step per backend (None + reason where one cannot run)."""
     torch.manual_seed(seed)
-    model = ActionTransformer(cfg, spec).eval()
+    model = ActionTransformer(cfg, spec).to(device).eval()
     warmup = cfg.window + 3  # window full, caches and allocator warm
-    ep = _Episode(model.layout, warmup + steps, torch.device("cpu"), seed)
-    methods = {"torch": _Streaming(model, ep, "cpu")} if "torch" in backends else {}
+    ep = _Episode(model.layout, warmup + steps, device, seed)
+    methods = {"torch": _Streaming(model, ep, device)} if "torch" in backends else {}
     with tempfile.TemporaryDirectory(prefix="vla-plan-") as tmp:
-        onnx, reasons, _ = onnx_methods(model, ep, backends, threads, torch.device("cpu"), Path(tmp))
-        times = time_interleaved({**methods, **onnx}, warmup + steps, warmup, torch.device("cpu"))
+        onnx, reasons, _ = onnx_methods(model, ep, backends, threads, device, Path(tmp))
+        times = time_interleaved({**methods, **onnx}, warmup + steps, warmup, device)
     latency = {b: (_stats(times[b]) if b in times else None) for b in backends}
     return {"latency_ms": latency, "reasons": reasons, "parameters": model.num_params()}
 
@@ -118,6 +120,7 @@ def run(args) -> dict:
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
     backends = parse_backends(args.backend)
+    device = cli.device(args.device) or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = args.threads if args.threads is not None else usable
     torch.set_num_threads(threads)
@@ -132,11 +135,11 @@ def run(args) -> dict:
         except ValueError as e:
             raise UserError(f"--image-size {args.image_size}: {e}") from None
     load = os.getloadavg()[0]
-    peak_before = matmul_peak(torch.device("cpu"))  # the better of before / after, as vla-bench latency does
+    peak_before = matmul_peak(device)  # the better of before / after, as vla-bench latency does
     rows = []
     for cfg in tqdm(grid, desc="vla-bench plan", unit="model"):
         card = model_card(cfg, spec)
-        m = measure(cfg, spec, backends, args.steps, threads, args.seed)
+        m = measure(cfg, spec, backends, args.steps, threads, args.seed, device)
         flops = card["flops"]["per_control_step_streaming"]
         fits = {b: None if s is None else s["p99"] * args.margin <= budget for b, s in m["latency_ms"].items()}
         timed = {b: s["p99"] for b, s in m["latency_ms"].items() if s is not None}
@@ -161,7 +164,7 @@ def run(args) -> dict:
                 "best_backend": min(timed, key=timed.get) if timed else None,
             }
         )
-    peak = max(peak_before, matmul_peak(torch.device("cpu")))
+    peak = max(peak_before, matmul_peak(device))
     for row in rows:
         row["flop_limit_ms"] = row["flops_per_step"] / peak * 1e3
     return {
@@ -179,6 +182,7 @@ def run(args) -> dict:
         "matmul_peak_flops_per_s": peak,
         "cpu_count": os.cpu_count(),
         "loadavg_1min_at_start": load,
+        "device": str(device),
         "torch": torch.__version__,
     }
 
@@ -187,7 +191,7 @@ def format_markdown(r: dict) -> str:
     backends = r["backends"]
     lines = [
         f"### Latency plan: {r['hz']:g} Hz (period {r['period_ms']:.1f} ms), budget {r['budget_ms']:g} ms, "
-        f"fits = p99 x {r['margin']:g} <= budget; {r['threads']} thread(s), torch {r['torch']}",
+        f"fits = p99 x {r['margin']:g} <= budget; {r['threads']} thread(s), {r['device']}, torch {r['torch']}",
         "",
         "| window | chunk | d_model | layers | params | tokens/step | MFLOPs/step | FLOP limit ms | "
         + " | ".join(f"{b} p50 / p99 ms" for b in backends)
