@@ -14,6 +14,9 @@ vla-bench latency --json "$OUT/latency_k8.json"
 vla-bench train --config configs/demo.yaml --json "$OUT/train.json"
 vla-bench data --config configs/demo.yaml --data "$DATA" --json "$OUT/data.json"
 vla-bench collect --json "$OUT/collect.json"
+vla-bench latency --threads 1 --json "$OUT/latency_backends.json"
+vla-bench plan --hz 20 --budget-ms 10 --threads 1 --json "$OUT/plan_10ms.json"
+vla-bench plan --hz 20 --budget-ms 50 --threads 1 --json "$OUT/plan_50ms.json"
 
 {
   echo "# Benchmarks"
@@ -31,6 +34,10 @@ vla-bench collect --json "$OUT/collect.json"
   echo "## Data loader vs trainer (\`vla-bench data --data $DATA\`)"
   echo; cat "$OUT/data.md"; echo
   echo "## Collection (\`vla-bench collect\`)"
-  echo; cat "$OUT/collect.md"
+  echo; cat "$OUT/collect.md"; echo
+  echo "## Streaming step by backend and its FLOP limit (\`vla-bench latency --threads 1\`)"
+  echo; cat "$OUT/latency_backends.md"; echo
+  echo "## Latency-budget planner (\`vla-bench plan --hz 20 --budget-ms 10|50 --threads 1\`)"
+  echo; cat "$OUT/plan_10ms.md"; echo; cat "$OUT/plan_50ms.md"
 } > docs/benchmarks.md
 echo "wrote docs/benchmarks.md"

@@ -21,7 +21,20 @@ TINY = [
     "instruction_len=6",
     "action_bins=16",
 ]
-ARGS = ["--steps", "4", "--warmup", "3", "--window", "3", "--equivalence-steps", "8", "--threads", "1"]
+ARGS = [
+    "--steps",
+    "4",
+    "--warmup",
+    "3",
+    "--window",
+    "3",
+    "--equivalence-steps",
+    "8",
+    "--threads",
+    "1",
+    "--peak-seconds",
+    "0.1",
+]
 
 
 @pytest.fixture(autouse=True)
@@ -34,7 +47,7 @@ def restore_threads():
 @pytest.mark.slow
 def test_latency_json_and_markdown(tmp_path, capsys):
     out = tmp_path / "lat.json"
-    assert main(["latency", "--json", str(out), *ARGS, *TINY]) == 0
+    assert main(["latency", "--json", str(out), "--backend", "torch", *ARGS, *TINY]) == 0  # backends: below
     r = json.loads(out.read_text())
     for key in ("streaming_ms", "recompute_ms", "hf_gpt2_ms"):
         assert set(r[key]) >= {"p50", "p99"} and 0 < r[key]["p50"] <= r[key]["p99"]
@@ -51,7 +64,9 @@ def test_latency_json_and_markdown(tmp_path, capsys):
 def test_latency_without_transformers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
     out = tmp_path / "lat.json"
-    assert main(["latency", "--json", str(out), "--decoding", "autoregressive", *ARGS, *TINY]) == 0
+    assert (
+        main(["latency", "--json", str(out), "--decoding", "autoregressive", "--backend", "torch", *ARGS, *TINY]) == 0
+    )
     r = json.loads(out.read_text())
     assert r["hf_gpt2_ms"] is None and "transformers" in r["hf_gpt2_reason"]
     assert r["streaming_ms"]["p50"] > 0 and r["max_abs_diff"] <= 1e-4
@@ -89,3 +104,44 @@ def test_the_demo_config_builds_in_both_benchmarks():
     train_cfg = from_dict(TrainConfig, load_yaml("configs/demo.yaml"))
     result = measure_ours(train_cfg, batch_size=2, warmup=0, steps=1)
     assert result["seconds_per_step"] > 0 and result["parameters"] > 0
+
+
+def test_latency_backends_and_flop_limit_columns(tmp_path):
+    """Each backend's streaming step next to its FLOP limit (model-card FLOPs / the matmul peak of this run)."""
+    from argparse import Namespace
+
+    from vla.bench.latency import TABLETOP, build_config
+    from vla.model_card import model_card
+
+    out = tmp_path / "lat.json"
+    argv = ["latency", "--json", str(out), "--decoding", "parallel", *ARGS, *TINY]
+    assert main(argv) == 0
+    r = json.loads(out.read_text())
+    assert list(r["backends_ms"]) == ["torch", "onnxruntime", "onnxruntime-int8"]
+    assert r["backends_ms"]["torch"] == r["streaming_ms"]  # torch eager is the streaming step
+    for stats in r["backends_ms"].values():
+        assert 0 < stats["p50"] <= stats["p99"]
+    m = r["by_decoding"]["parallel"]
+    assert m["backend_max_abs_logit_diff"]["onnxruntime"] <= 1e-4  # the exported step computes the same logits
+    assert m["backend_max_abs_logit_diff"]["onnxruntime-int8"] > 0  # quantized: close, not equal
+    fl, peak = r["flop_limit"], r["matmul_peak_flops_per_s"]
+    cfg = build_config(Namespace(config=None, window=3, overrides=TINY))
+    assert fl["flops_per_step"] == model_card(cfg, TABLETOP)["flops"]["per_control_step_streaming"]
+    assert peak > 1e8 and fl["limit_ms"] == pytest.approx(fl["flops_per_step"] / peak * 1e3)
+    for backend, ratio in fl["measured_over_limit"].items():
+        assert ratio == pytest.approx(r["backends_ms"][backend]["p50"] / fl["limit_ms"]) and ratio > 1
+    assert fl["fastest_backend"] == min(r["backends_ms"], key=lambda b: r["backends_ms"][b]["p50"])
+    md = out.with_suffix(".md").read_text()
+    assert "FLOP limit ms" in md and "| parallel | onnxruntime-int8 |" in md and "measured / limit" in md
+
+
+def test_latency_backend_flag(tmp_path, capsys):
+    """--backend picks the backends; one that cannot run (autoregressive is not exportable) says why."""
+    out = tmp_path / "lat.json"
+    argv = ["latency", "--json", str(out), "--backend", "torch,onnxruntime", *ARGS, *TINY]
+    assert main([*argv, "--decoding", "autoregressive"]) == 0
+    m = json.loads(out.read_text())["by_decoding"]["autoregressive"]
+    assert m["backends_ms"]["onnxruntime"] is None and "autoregressive" in m["backend_reasons"]["onnxruntime"]
+    assert m["backends_ms"]["torch"]["p50"] > 0 and set(m["backends_ms"]) == {"torch", "onnxruntime"}
+    assert main(["latency", "--backend", "tensorrt", *ARGS, *TINY]) == 2
+    assert "--backend 'tensorrt'" in capsys.readouterr().err

@@ -2,10 +2,21 @@
 
 The per-layer parameter count is checked against the chapter's formula 4·d² (Q, K, V, output
 projections) + 2·d·d_ff (the two MLP matrices); the difference is the biases and the two LayerNorms.
-FLOPs count a multiply-add as 2 and cover the matrix products (projections, MLP, patch embedding,
-head) plus attention (Q·Kᵀ and the weighted sum of V: 4·d per query-key pair per layer); norms,
-softmax and GELU are left out. The explicit attention mask makes every query score every key of the
-buffer (masked pairs are computed too), so attention is counted over all keys.
+FLOPs count a multiply-add as 2 and cover every matrix product the passes run: the conv stem or linear
+patch embedding, the keypoint network (its convolutions, the instruction query, the soft-argmax), the
+FiLM layers, proprio / auxiliary / time projections, Q·Kᵀ and the weighted sum of V, the projections
+and MLP, and the head; norms, softmax, GELU and table look-ups are left out. They follow the code pass
+by pass and agree with `torch.utils.flop_counter.FlopCounterMode` (tests/test_model_card.py):
+- the last block computes queries, attention, output projection and MLP for the rows that are read
+  (the action slots) only; keys and values for every token;
+- the explicit attention mask makes every query score every key of the buffer (masked, empty and
+  stale ones too), so attention is counted over all L + K*S keys;
+- a streaming step embeds one frame; the instruction prefix and FiLM context are paid once in `start`.
+Work the network does that it need not (left as is, the numerics are pinned): the FiLM scales and
+shifts are recomputed from the constant instruction context on every step (few FLOPs, but five small
+kernels per step); a step's observation queries score the earlier steps' keys that the mask then
+hides; recompute runs the vision of all K frames again, and autoregressive recompute runs the whole
+window through the trunk once per action token.
 """
 
 from __future__ import annotations
@@ -19,40 +30,95 @@ def _numel(module) -> int:
     return 0 if module is None else sum(p.numel() for p in module.parameters())
 
 
-def _patch_embed_flops(cfg: ModelConfig, lay: TokenLayout) -> int:
-    """FLOPs to embed one step's images (all cameras)."""
-    p, g, d = cfg.patch_size, lay.grid, cfg.d_model
+def _linear(n: int, d_in: int, d_out: int) -> int:
+    """FLOPs of n rows through a d_in -> d_out matrix."""
+    return 2 * n * d_in * d_out
+
+
+def _conv(side_out: int, c_in: int, c_out: int, kernel: int) -> int:
+    """FLOPs of a square convolution with a side_out x side_out output."""
+    return 2 * side_out * side_out * c_in * kernel * kernel * c_out
+
+
+def _vision_flops(cfg: ModelConfig, lay: TokenLayout, n_frames: int) -> int:
+    """FLOPs of `PatchEmbed` over n_frames steps (all cameras): patch features, then keypoints. The FiLM
+    layers run once per call on the instruction context (B = 1), not per frame."""
+    p, g, d, C = cfg.patch_size, lay.grid, cfg.d_model, lay.spec.n_cameras
+    per_image, per_call = 0, 0
     if cfg.patch_embed == "linear":
-        flops = g * g * 2 * (p * p * 3) * d
-    else:
-        flops, c_in, side, n = 0, 3 + 2, lay.spec.image_size, p.bit_length() - 1  # the stem in vla/model/vision.py
-        for i in range(n):
+        per_image += _linear(g * g, p * p * 3, d)
+    else:  # the stem in vla/model/vision.py: log2(p) 3x3 stride-2 stages from pixels + 2 coordinate channels
+        c_in, side = 3 + 2, lay.spec.image_size
+        for i in range(p.bit_length() - 1):
             side = (side + 1) // 2
-            c_out = d if i == n - 1 else cfg.conv_channels * 2**i
-            flops += side * side * 2 * c_in * 9 * c_out
+            last = i == p.bit_length() - 2
+            c_out = d if last else cfg.conv_channels * 2**i
+            per_image += _conv(side, c_in, c_out, 3)
+            if cfg.film and not last:
+                per_call += _linear(1, 2 * d, 2 * c_out)  # FiLM scale and shift of this stage
             c_in = c_out
     if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
-        h, c = lay.keypoint_grid, cfg.keypoint_channels
-        flops += h * h * 2 * (5 * 9 * c + c * 9 * c + c * cfg.keypoints * (2 if cfg.film else 1))  # + queries
-    return lay.spec.n_cameras * flops
+        h, c, M = lay.keypoint_grid, cfg.keypoint_channels, cfg.keypoints
+        per_image += _conv(h, 3 + 2, c, 3) + _conv(h, c, c, 3) + _conv(h, c, M, 1)  # stride-2 3x3, 3x3, 1x1
+        if cfg.film:
+            per_image += _linear(M, c, h * h)  # heat += <pixel features, instruction query> per map
+            per_call += 2 * _linear(1, 2 * d, 2 * c) + _linear(1, 2 * d, M * c)  # two FiLMs + the queries
+        per_image += _linear(M, h * h, 2) + _linear(M, 3, d)  # soft-argmax coordinates, (x, y, strength) -> d
+    return n_frames * C * per_image + per_call
+
+
+def _step_embed_flops(cfg: ModelConfig, lay: TokenLayout, n_steps: int, training: bool = False) -> int:
+    """FLOPs of `embed_steps` over n_steps steps: vision, proprio, the auxiliary readout, absolute time."""
+    d, spec = cfg.d_model, lay.spec
+    per_step = _linear(1, spec.proprio_dim, d)
+    if spec.aux_dim and cfg.keypoints:  # the auxiliary MLP reads keypoint coordinates + proprio
+        aux_in = 2 * spec.n_cameras * cfg.keypoints + spec.proprio_dim
+        per_step += _linear(1, aux_in, d) + _linear(1, d, spec.aux_dim)
+    if lay.feeds_aux:
+        per_step += _linear(1, spec.aux_dim, d)
+    if cfg.time_encoding == "sinusoidal":
+        per_step += _linear(1, d, d)
+    return _vision_flops(cfg, lay, n_steps) + n_steps * per_step
+
+
+def _film_context_flops(cfg: ModelConfig) -> int:
+    """FLOPs of `instruction_context`: two attention pools over the instruction (scores, weighted sums)."""
+    return 2 * _linear(cfg.instruction_len, cfg.d_model, 2) if cfg.film else 0
+
+
+def _trunk_flops(cfg: ModelConfig, n: int, n_keys: int, rows: int) -> int:
+    """FLOPs of one pass of n tokens through the blocks, attending to n_keys keys; the last block computes
+    queries, attention, output projection and MLP for `rows` of them only (keys/values for all n)."""
+    d = cfg.d_model
+
+    def layer(n_in: int, n_out: int) -> int:
+        qkv = _linear(n_in, d, 3 * d)
+        attention = 2 * _linear(n_out, d, n_keys)  # Q·Kᵀ and the weighted sum of V, over every head
+        return qkv + attention + _linear(n_out, d, d) + _linear(n_out, d, cfg.d_ff) + _linear(n_out, cfg.d_ff, d)
+
+    return (cfg.n_layer - 1) * layer(n, n) + layer(n, rows)
 
 
 def _flops(cfg: ModelConfig, lay: TokenLayout) -> dict:
-    """FLOPs of one streaming control step, one recompute, and one training sample."""
-    d, nl = cfg.d_model, cfg.n_layer
-    L, K, S, CA = cfg.instruction_len, cfg.window, lay.tokens_per_step, lay.n_action_tokens
-    dense_per_token = nl * 2 * (4 * d * d + 2 * d * cfg.d_ff)  # projections + MLP matmuls, all layers
-    n_keys = L + K * S  # the streaming buffer: every query scores all of it
-    attn_per_query = nl * 4 * d * n_keys
-    head = 2 * d * cfg.action_bins
-    embed_step = _patch_embed_flops(cfg, lay) + 2 * lay.spec.proprio_dim * d
-    streaming = S * dense_per_token + S * attn_per_query + CA * head + embed_step
-    N = L + K * S  # stream length of a full training window
-    forward = N * dense_per_token + nl * 4 * d * N * N + K * CA * head + K * embed_step
-    if cfg.film:  # the instruction's own pass that conditions the stem (done once per episode at inference)
-        forward += L * dense_per_token + nl * 4 * d * L * L
-    passes = CA if cfg.action_decoding == "autoregressive" else 1
-    recompute = passes * (N * dense_per_token + nl * 4 * d * N * N + CA * head) + K * embed_step
+    """FLOPs of one streaming control step, one recompute, and one training sample, pass by pass as
+    `ActionTransformer.step`, `.recompute` and `.forward` run them."""
+    L, K, S = cfg.instruction_len, cfg.window, lay.tokens_per_step
+    n_obs, CA, bins, d = lay.n_obs_tokens, lay.n_action_tokens, cfg.action_bins, cfg.d_model
+    N = L + K * S  # a full window's stream = the streaming buffer (every query scores all of it, masked or not)
+    head = _linear(CA, d, bins)  # one step's action slots
+    autoregressive = cfg.action_decoding == "autoregressive"
+    embed_step = _step_embed_flops(cfg, lay, 1)
+    if autoregressive:  # observation tokens + slot 0 (only slot 0 leaves the last block), then a pass per slot
+        streaming = _trunk_flops(cfg, n_obs + 1, N, 1) + (CA - 1) * _trunk_flops(cfg, 1, N, 1)
+    else:  # the whole step at once; only its action slots leave the last block
+        streaming = _trunk_flops(cfg, S, N, CA)
+    streaming += embed_step + head  # the instruction prefix and FiLM context are paid once, in `start`
+    passes = CA if autoregressive else 1
+    recompute = passes * _trunk_flops(cfg, N, N, CA // passes) + head
+    recompute += _step_embed_flops(cfg, lay, K) + _film_context_flops(cfg)
+    forward = _trunk_flops(cfg, N, N, K * CA) + K * head + _step_embed_flops(cfg, lay, K) + _film_context_flops(cfg)
+    if lay.spec.aux_dim and not cfg.keypoints:  # the auxiliary MLP reads each step's first action slot
+        forward += K * (_linear(1, d, d) + _linear(1, d, lay.spec.aux_dim))
     return {
         "per_control_step_streaming": streaming,
         "per_control_step_recompute": recompute,

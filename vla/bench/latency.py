@@ -19,6 +19,14 @@ window full (K steps; the oldest is evicted). Three ways, same model size and to
 The top level reports our parallel decoding (one pass per step) against the token-at-a-time GPT-2
 peer; `by_decoding` has every pairing, matched ones included.
 
+Backends (`--backend`, default all): the streaming step on torch eager (the `streaming` row), and the
+exported step graph (vla/export.py's `StepGraph`, exported from this benchmark's model) on onnxruntime
+in fp32 and dynamically quantized to int8 (`onnxruntime-int8`); their logits' largest difference from
+torch's is reported. Next to each backend, the FLOP limit: the model card's FLOPs per step (which agree
+with `torch.utils.flop_counter.FlopCounterMode`) divided by the fp32 matmul peak measured in the same
+run at the same thread count (the better of before and after the steps), i.e. the time the step would
+take at peak, and measured p50 / limit.
+
 Timing: `time.perf_counter` around each step under `torch.inference_mode`, after a warm-up that
 fills the window; p50/p99 in milliseconds. The three methods take turns step by step, so a change
 in machine load during the run hits them alike. `--threads` defaults to the cores this process may use
@@ -32,8 +40,10 @@ from __future__ import annotations
 import inspect
 import os
 import platform
+import tempfile
 import time
 from dataclasses import asdict, replace
+from pathlib import Path
 
 import numpy as np
 import torch
@@ -42,10 +52,50 @@ from vla import cli
 from vla.config import apply_overrides, from_dict, load_yaml
 from vla.errors import UserError
 from vla.model import ActionTransformer, DataSpec, ModelConfig, TokenLayout
+from vla.model_card import model_card
 
 # The data of our tabletop tasks: 64x64 frames, 9 proprio values, 4 action dims, the named block's and its
 # goal's positions as auxiliary targets (6); the vocabulary size does not change the step's cost.
 TABLETOP = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=64, n_cameras=1, aux_dim=6)
+# How a streaming step can run: torch eager (`ActionTransformer.step`), and the exported step graph
+# (vla/export.py) on onnxruntime in fp32 and dynamically quantized to int8.
+BACKENDS = ("torch", "onnxruntime", "onnxruntime-int8")
+
+
+def add_backend_argument(p) -> None:
+    p.add_argument(
+        "--backend",
+        default=",".join(BACKENDS),
+        metavar="LIST",
+        help=f"comma-separated backends of the streaming step, from {', '.join(BACKENDS)} (default: all; one "
+        "that cannot run here, e.g. onnxruntime not installed, is reported with the reason)",
+    )
+
+
+def parse_backends(text: str) -> list[str]:
+    names = [b.strip() for b in text.split(",") if b.strip()]
+    bad = [b for b in names if b not in BACKENDS]
+    if bad or not names:
+        raise UserError(f"--backend {text!r}: choose from {', '.join(BACKENDS)} (comma-separated)")
+    return list(dict.fromkeys(names))  # in the given order, once each
+
+
+def matmul_peak(device: torch.device, seconds: float = 1.0, n: int = 1024) -> float:
+    """Best fp32 matmul rate (FLOP/s) over repeated n x n products at the current thread count: the
+    arithmetic ceiling the FLOP limit divides by."""
+    n = 4096 if device.type == "cuda" else n
+    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
+    for _ in range(3):
+        a @ b
+    _sync(device)
+    best, end = 0.0, time.perf_counter() + seconds
+    while best == 0.0 or time.perf_counter() < end:  # at least one timed round
+        t0 = time.perf_counter()
+        for _ in range(4):
+            a @ b
+        _sync(device)
+        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0))
+    return best
 
 
 def add_arguments(p) -> None:
@@ -60,6 +110,10 @@ def add_arguments(p) -> None:
         help="our action decoding to measure; with 'both' (default) the top level reports parallel",
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
+    add_backend_argument(p)
+    p.add_argument(
+        "--peak-seconds", type=float, default=1.0, help="time spent finding the fp32 matmul peak, s (default 1.0)"
+    )
     p.add_argument("--equivalence-steps", type=int, default=None, help="episode length for max_abs_diff (5K)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, auto (default cpu)")
     p.add_argument("--seed", type=int, default=0)
@@ -120,10 +174,77 @@ class _Streaming:
         self.cache = model.new_cache(1, device)
         model.start(self.cache, ep.instruction)
         self.tokens: list[torch.Tensor] = []  # decoded (1, chunk*A) per step, for recompute's past actions
+        self.logits: list[torch.Tensor] = []  # (1, chunk*A, bins) per step, for the other backends' difference
 
     def __call__(self, t: int) -> None:
         ep = self.ep
-        self.tokens.append(self.model.step(self.cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t]).tokens)
+        out = self.model.step(self.cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t])
+        self.tokens.append(out.tokens)
+        self.logits.append(out.logits)
+
+
+def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path, int8: bool = True) -> float:
+    """prefix.onnx, step.onnx (and with `int8` step.int8.onnx) of a model: vla-export's graphs, without a
+    checkpoint's tokenizers; returns the seconds it took. Raises vla.export.ExportError for what cannot be
+    exported."""
+    import copy
+    import logging
+
+    from vla.export import PrefixGraph, StepGraph, _onnx_export, check_exportable, state_names
+
+    model = copy.deepcopy(model).float().cpu().eval()
+    check_exportable(model)
+    t0 = time.perf_counter()
+    names, spec = state_names(model), model.spec
+    with torch.no_grad():
+        ids = instruction.cpu()
+        prefix = PrefixGraph(model)
+        _onnx_export(prefix, (ids,), out / "prefix.onnx", ["instruction"], names)
+        state = prefix(ids)
+        image = torch.zeros(1, spec.n_cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
+        example = (image, torch.zeros(1, spec.proprio_dim), torch.zeros(1, dtype=torch.long), *state)
+        inputs, outputs = ["image", "proprio", "timestep", *names], ["logits", *(f"next_{n}" for n in names)]
+        _onnx_export(StepGraph(model), example, out / "step.onnx", inputs, outputs)
+    if not int8:
+        return time.perf_counter() - t0
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()  # quantize_dynamic suggests "pre-processing" on the root logger, every time
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+    return time.perf_counter() - t0
+
+
+class _OnnxStreaming:
+    """The exported step graph on onnxruntime (fp32 or int8): the state tensors in, the next state out,
+    as `load_policy(..., backend="onnxruntime")` runs it. Inputs are numpy arrays prepared outside the timer."""
+
+    def __init__(self, export_dir: Path, ep: _Episode, threads: int, int8: bool, device: torch.device):
+        import onnxruntime as ort
+
+        options = ort.SessionOptions()
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        providers = ["CPUExecutionProvider"]
+        if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
+            providers.insert(0, "CUDAExecutionProvider")
+        prefix = ort.InferenceSession(str(export_dir / "prefix.onnx"), options, providers=providers)
+        step = "step.int8.onnx" if int8 else "step.onnx"
+        self.session = ort.InferenceSession(str(export_dir / step), options, providers=providers)
+        self.names = [i.name for i in prefix.get_outputs()]
+        self.state = dict(zip(self.names, prefix.run(None, {"instruction": ep.instruction.cpu().numpy()}), strict=True))
+        self.image = ep.image.cpu().numpy()  # (1, E, C, H, W, 3)
+        self.proprio = ep.proprio.cpu().numpy().astype(np.float32)  # (1, E, P)
+        self.logits: list[np.ndarray] = []  # (1, chunk*A, bins) per step
+
+    def __call__(self, t: int) -> None:
+        feeds = {"image": self.image[:, t], "proprio": self.proprio[:, t], "timestep": np.array([t], np.int64)}
+        logits, *state = self.session.run(None, {**feeds, **self.state})
+        self.state = dict(zip(self.names, state, strict=True))
+        self.logits.append(logits)
 
 
 class _Recompute:
@@ -234,7 +355,48 @@ def _time_roll(lay: TokenLayout, device, n: int = 200) -> list[float]:
     return times
 
 
-def _measure(cfg: ModelConfig, args, device) -> dict:
+def onnx_methods(model, ep: _Episode, backends: list[str], threads: int, device, workdir: Path):
+    """The requested onnxruntime backends as timed methods, and why any of them cannot run here."""
+    wanted = [b for b in backends if b != "torch"]
+    if not wanted:
+        return {}, {}, None
+    try:
+        import onnxruntime  # noqa: F401 - the `export` extra
+    except ImportError as e:
+        return {}, {b: f"onnxruntime is not importable ({e}); install the `export` extra" for b in wanted}, None
+    from vla.export import ExportError
+
+    try:
+        seconds = export_step_graphs(model, ep.instruction, workdir, int8="onnxruntime-int8" in wanted)
+    except ExportError as e:
+        return {}, {b: f"not exportable: {e}" for b in wanted}, None
+    methods = {b: _OnnxStreaming(workdir, ep, threads, b.endswith("int8"), device) for b in wanted}
+    return methods, {}, seconds
+
+
+def time_interleaved(methods: dict, n_steps: int, warmup: int, device) -> dict[str, list[float]]:
+    """Seconds per step of each method after `warmup` steps; the methods take turns step by step, so a
+    change in machine load hits them alike."""
+    times = {name: [] for name in methods}
+    for t in range(n_steps):
+        for name, method in methods.items():
+            _sync(device)
+            t0 = time.perf_counter()
+            method(t)
+            _sync(device)
+            if t >= warmup:
+                times[name].append(time.perf_counter() - t0)
+            if hasattr(method, "after"):
+                method.after()
+    return times
+
+
+def logit_difference(reference: list[torch.Tensor], other: list[np.ndarray]) -> float:
+    """Max |logit difference| of a backend against torch's streaming step, over every step both ran."""
+    return max(float(np.abs(r.float().cpu().numpy() - o).max()) for r, o in zip(reference, other, strict=True))
+
+
+def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
     """Time the methods interleaved step by step, so drifting machine load hits them alike."""
     K = cfg.window
     warmup = max(args.warmup if args.warmup is not None else K + 10, K)  # window full before timing
@@ -251,17 +413,9 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
             methods["hf_gpt2_one_pass"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
     except ImportError as e:  # an optional extra: `pip install -e .[bench]`
         hf_reason = f"transformers is not importable ({e}); install the `bench` extra"
-    times = {name: [] for name in methods}
-    for t in range(warmup + args.steps):
-        for name, method in methods.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            method(t)
-            _sync(device)
-            if t >= warmup:
-                times[name].append(time.perf_counter() - t0)
-            if hasattr(method, "after"):
-                method.after()
+    with tempfile.TemporaryDirectory(prefix="vla-bench-onnx-") as tmp:
+        onnx, reasons, export_s = onnx_methods(model, ep, backends, torch.get_num_threads(), device, Path(tmp))
+        times = time_interleaved({**methods, **onnx}, warmup + args.steps, warmup, device)
     n_eq = args.equivalence_steps if args.equivalence_steps is not None else 5 * K
     diff, same = _equivalence(model, _Episode(lay, n_eq, device, args.seed + 1), device)
     res = {
@@ -272,6 +426,13 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
         "tokens_identical": same,
         "equivalence_steps": n_eq,
         "forward_passes_per_step": lay.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
+        # the streaming step per backend ("torch" is `streaming_ms`); null with a reason where it cannot run
+        "backends_ms": {
+            b: _stats(times["streaming" if b == "torch" else b]) if b not in reasons else None for b in backends
+        },  # fmt: skip
+        "backend_reasons": reasons,
+        "backend_max_abs_logit_diff": {b: logit_difference(streaming.logits, m.logits) for b, m in onnx.items()},
+        "export_seconds": export_s,
     }
     if "hf_gpt2_one_pass" in times:
         res["hf_gpt2_one_pass_ms"] = _stats(times["hf_gpt2_one_pass"])
@@ -289,6 +450,31 @@ def _measure(cfg: ModelConfig, args, device) -> dict:
     return res
 
 
+def flop_limit(res: dict, cfg: ModelConfig, peak: float) -> dict:
+    """The model card's FLOPs next to the measured times: the time a step would take at the matmul peak
+    (the FLOP limit) and how far each backend is from it (measured p50 / limit)."""
+    flops = model_card(cfg, TABLETOP)["flops"]
+    step, recompute = flops["per_control_step_streaming"], flops["per_control_step_recompute"]
+    limit_ms, recompute_limit_ms = step / peak * 1e3, recompute / peak * 1e3
+    measured = {b: None if s is None else s["p50"] / limit_ms for b, s in res["backends_ms"].items()}
+    timed = {b: s["p50"] for b, s in res["backends_ms"].items() if s is not None}
+    fastest = min(timed, key=timed.get) if timed else None
+    out = {
+        "flops_per_step": step,
+        "limit_ms": limit_ms,
+        "measured_over_limit": measured,
+        "fastest_backend": fastest,
+        "recompute_flops": recompute,
+        "recompute_limit_ms": recompute_limit_ms,
+        "recompute_measured_over_limit": res["recompute_ms"]["p50"] / recompute_limit_ms,
+        "flop_ratio_recompute_over_streaming": recompute / step,
+        "time_ratio_recompute_over_streaming": res["speedup_p50"]["recompute_over_streaming"],
+    }
+    if fastest is not None and res["hf_gpt2_ms"] is not None:
+        out["hf_gpt2_over_fastest"] = res["hf_gpt2_ms"]["p50"] / timed[fastest]
+    return out
+
+
 def run(args) -> dict:
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
@@ -297,10 +483,20 @@ def run(args) -> dict:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = args.threads if args.threads is not None else usable
     torch.set_num_threads(threads)
+    if args.peak_seconds <= 0:
+        raise UserError(f"--peak-seconds must be > 0, got {args.peak_seconds}")
+    backends = parse_backends(args.backend)
     modes = ["parallel", "autoregressive"] if args.decoding == "both" else [args.decoding]
     primary = modes[0]
     load = os.getloadavg()[0]
-    by_mode = {m: _measure(replace(cfg, action_decoding=m), args, device) for m in modes}
+    # The matmul peak in the same run at the same thread count, before and after the steps: the better
+    # of the two is what this machine can do (a busy neighbour during one of them only lowers it).
+    peak_before = matmul_peak(device, args.peak_seconds)
+    by_mode = {m: _measure(replace(cfg, action_decoding=m), args, device, backends) for m in modes}
+    peak_after = matmul_peak(device, args.peak_seconds)
+    peak = max(peak_before, peak_after)
+    for m, r in by_mode.items():
+        r["flop_limit"] = flop_limit(r, replace(cfg, action_decoding=m), peak)
     lay = TokenLayout(cfg, TABLETOP)
     top = by_mode[primary]
     result = {
@@ -310,6 +506,10 @@ def run(args) -> dict:
         "max_abs_diff": max(r["max_abs_diff"] for r in by_mode.values()),
         "decoding": primary,
         "speedup_p50": top["speedup_p50"],
+        "backends_ms": top["backends_ms"],
+        "flop_limit": top["flop_limit"],
+        "matmul_peak_flops_per_s": peak,
+        "matmul_peak_before_after": [peak_before, peak_after],
         "by_decoding": by_mode,
         "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": _stats(_time_roll(lay, device))},
         "config": asdict(replace(cfg, action_decoding=primary)),
@@ -358,6 +558,54 @@ def format_markdown(r: dict) -> str:
             f"| {ratio('recompute_over_streaming')} | {ratio('hf_gpt2_over_streaming')} "
             f"| {ratio('hf_gpt2_one_pass_over_streaming') if mode == 'parallel' else '(same)'} "
             f"| {m['max_abs_diff']:.1e} |"
+        )
+    peak = r["matmul_peak_flops_per_s"]
+    lines += [
+        "",
+        f"### Streaming step by backend, next to its FLOP limit (model-card FLOPs / fp32 matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s measured in this run at {r['threads']} thread(s))",
+        "",
+        "| our decoding | backend | p50 ms | p99 ms | FLOPs/step | FLOP limit ms | measured / limit "
+        "| GFLOP/s | max abs logit diff vs torch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for mode, m in r["by_decoding"].items():
+        fl = m["flop_limit"]
+        for backend, stats in m["backends_ms"].items():
+            if stats is None:
+                lines.append(f"| {mode} | {backend} | n/a | n/a | {fl['flops_per_step'] / 1e6:.1f}M "
+                             f"| {fl['limit_ms']:.3f} | n/a | n/a | (not measured, below) |")  # fmt: skip
+                continue
+            diff = m["backend_max_abs_logit_diff"].get(backend)
+            lines.append(
+                f"| {mode} | {backend} | {stats['p50']:.2f} | {stats['p99']:.2f} | {fl['flops_per_step'] / 1e6:.1f}M "
+                f"| {fl['limit_ms']:.3f} | {fl['measured_over_limit'][backend]:.1f}x "
+                f"| {fl['flops_per_step'] / stats['p50'] / 1e6:.1f} "
+                f"| {'(reference)' if diff is None else f'{diff:.1e}'} |"
+            )
+        lines.append(
+            f"| {mode} | recompute (torch) | {m['recompute_ms']['p50']:.2f} | {m['recompute_ms']['p99']:.2f} "
+            f"| {fl['recompute_flops'] / 1e6:.1f}M | {fl['recompute_limit_ms']:.3f} "
+            f"| {fl['recompute_measured_over_limit']:.1f}x "
+            f"| {fl['recompute_flops'] / m['recompute_ms']['p50'] / 1e6:.1f} | |"
+        )
+    lines.append("")
+    for mode, m in r["by_decoding"].items():
+        reasons = {}
+        for backend, why in m["backend_reasons"].items():  # the same reason for fp32 and int8: say it once
+            reasons.setdefault(why, []).append(backend)
+        lines += [f"{mode}, {', '.join(names)} not measured: {why}" for why, names in reasons.items()]
+    for mode, m in r["by_decoding"].items():
+        fl = m["flop_limit"]
+        gpt = (
+            f", GPT-2 token at a time / fastest {fl['hf_gpt2_over_fastest']:.1f}x"
+            if "hf_gpt2_over_fastest" in fl
+            else ""
+        )
+        lines.append(
+            f"{mode}: fastest backend {fl['fastest_backend']}; recompute / streaming: FLOPs "
+            f"{fl['flop_ratio_recompute_over_streaming']:.1f}x, "
+            f"time {fl['time_ratio_recompute_over_streaming']:.1f}x{gpt}."
         )
     roll = r["eviction_ms"]["roll_step_region"]["p50"]
     lines += [
