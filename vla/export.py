@@ -208,6 +208,19 @@ def _io(path: Path) -> dict:
     return {"inputs": describe(graph.input), "outputs": describe(graph.output)}
 
 
+def quantize_step(out: Path) -> None:
+    """out/step.onnx -> out/step.int8.onnx: weights int8, activations quantized per call (no calibration)."""
+    from onnxruntime.quantization import QuantType, quantize_dynamic
+
+    root = logging.getLogger()  # it suggests "pre-processing" on the root logger, every time
+    level = root.level
+    root.setLevel(logging.ERROR)
+    try:
+        quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
+    finally:
+        root.setLevel(level)
+
+
 def _onnx_export(module: nn.Module, args: tuple, path: Path, inputs: list[str], outputs: list[str]) -> None:
     # The TorchScript-based exporter: fixed shapes need no dynamo/onnxscript, and it exports this torch's
     # SDPA with a float mask (opset >= 14). Its tracer warnings (shapes read as Python numbers, advanced
@@ -246,16 +259,8 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
             ["image", "proprio", "timestep", *names],
             ["logits", *(f"next_{n}" for n in names)],
         )
-    if int8:  # weights int8, activations quantized per call: no calibration data needed
-        from onnxruntime.quantization import QuantType, quantize_dynamic
-
-        root = logging.getLogger()  # it suggests "pre-processing" on the root logger, every time
-        level = root.level
-        root.setLevel(logging.ERROR)
-        try:
-            quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
-        finally:
-            root.setLevel(level)
+    if int8:
+        quantize_step(out)
     tok = policy.tok
     manifest = {
         "format": "vla-onnx-policy",

@@ -35,7 +35,7 @@ import torch
 import torch.nn as nn
 
 from vla.errors import UserError
-from vla.tokenizers.text import PAD_ID
+from vla.tokenizers.text import PAD_ID, pad_encodings
 
 KIND, VERSION = "hf-encoder", 1
 # The files that decide what the encoder computes: config, weights, tokenizer (vocab, merges, sentencepiece).
@@ -149,12 +149,7 @@ class EncoderTokenizer:
 
     def encode_batch(self, texts: Iterable[str], max_len: int) -> np.ndarray:
         """(B, max_len) int64, each row `encode(text, max_len)` right-padded with 0."""
-        texts = list(texts)
-        out = np.full((len(texts), max_len), PAD_ID, dtype=np.int64)
-        for row, text in enumerate(texts):
-            ids = self.encode(text, max_len)
-            out[row, : len(ids)] = ids
-        return out
+        return pad_encodings(self.encode, texts, max_len)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ids (padding skipped; special tokens shown, e.g. [CLS])."""

@@ -188,9 +188,8 @@ def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out:
     checkpoint's tokenizers; returns the seconds it took. Raises vla.export.ExportError for what cannot be
     exported."""
     import copy
-    import logging
 
-    from vla.export import PrefixGraph, StepGraph, _onnx_export, check_exportable, state_names
+    from vla.export import PrefixGraph, StepGraph, _onnx_export, check_exportable, quantize_step, state_names
 
     model = copy.deepcopy(model).float().cpu().eval()
     check_exportable(model)
@@ -207,15 +206,7 @@ def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out:
         _onnx_export(StepGraph(model), example, out / "step.onnx", inputs, outputs)
     if not int8:
         return time.perf_counter() - t0
-    from onnxruntime.quantization import QuantType, quantize_dynamic
-
-    root = logging.getLogger()  # quantize_dynamic suggests "pre-processing" on the root logger, every time
-    level = root.level
-    root.setLevel(logging.ERROR)
-    try:
-        quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
-    finally:
-        root.setLevel(level)
+    quantize_step(out)
     return time.perf_counter() - t0
 
 

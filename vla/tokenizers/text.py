@@ -49,6 +49,16 @@ def pieces(text: str) -> list[str]:
     return _PIECE.findall(" " + normalize(text))
 
 
+def pad_encodings(encode, texts: Iterable[str], max_len: int) -> np.ndarray:
+    """(B, max_len) int64: each row `encode(text, max_len)` right-padded with <pad> (= 0)."""
+    texts = list(texts)
+    out = np.full((len(texts), max_len), PAD_ID, dtype=np.int64)
+    for row, text in enumerate(texts):
+        ids = encode(text, max_len)
+        out[row, : len(ids)] = ids
+    return out
+
+
 class TextTokenizer:
     """Word-level vocabulary plus byte fallback. `fit` on the dataset's instruction strings."""
 
@@ -86,12 +96,7 @@ class TextTokenizer:
 
     def encode_batch(self, texts: Iterable[str], max_len: int) -> np.ndarray:
         """(B, max_len) int64, each row `encode(text, max_len)` right-padded with <pad> (= 0)."""
-        texts = list(texts)
-        out = np.full((len(texts), max_len), PAD_ID, dtype=np.int64)
-        for row, text in enumerate(texts):
-            ids = self.encode(text, max_len)
-            out[row, : len(ids)] = ids
-        return out
+        return pad_encodings(self.encode, texts, max_len)
 
     def decode(self, ids: Iterable[int]) -> str:
         """Text of the ids (pads and <bos> skipped; runs of byte tokens decoded as UTF-8)."""
