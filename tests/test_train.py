@@ -30,14 +30,16 @@ def metrics(out):
 
 def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     out = tmp_path / "run"
-    assert train(tiny_dataset, out, "train.steps=80", "train.log_every=10") == 0
+    assert train(tiny_dataset, out, "train.steps=80", "train.log_every=10", "train.keep_every=30") == 0
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
     assert len(losses) == 8
     assert losses[-1] < 0.65 * losses[0], losses  # one batch's loss: 0.595 of the first before, 0.603 with paraphrases
     for name in ("model.safetensors", "config.json", "latest/train_state.pt", "run_config.json", "best/config.json"):
         assert (out / name).is_file(), name
-    kept = {d.name for d in (out / "checkpoints").iterdir()}  # only what `latest` and `best` point to
-    assert kept == {(out / "latest").resolve().name, (out / "best").resolve().name} and "step_0000080" in kept
+    kept = {d.name for d in (out / "checkpoints").iterdir()}  # what `latest` and `best` point to, and keep_every's
+    pointed = {(out / "latest").resolve().name, (out / "best").resolve().name}
+    assert kept == pointed | {"step_0000030", "step_0000060"} and "step_0000080" in kept
+    assert load_meta(out / "checkpoints" / "step_0000030")["step"] == 30  # a curve point loads as a checkpoint
     assert list((out / "tb").glob("events.out.tfevents.*"))
     meta = load_meta(out)
     assert meta["step"] == 80 and set(meta["tokenizers"]) == {"text", "action", "proprio"}

@@ -8,6 +8,7 @@
                                     (tensors and plain containers; loaded with weights_only=True)
     RUN/latest -> checkpoints/step_0000500     the newest complete checkpoint
     RUN/best   -> checkpoints/step_...         the best evaluation so far (when there is a score)
+    RUN/checkpoints/step_.../KEEP               kept as well (train.keep_every: points of a learning curve)
     RUN/model.safetensors, RUN/config.json -> latest/...   so RUN itself loads as a checkpoint
 
 A step's files are written into a temporary directory, fsynced, and the directory renamed into place;
@@ -30,6 +31,7 @@ from safetensors.torch import load_file, save_file
 FORMAT = "vla-checkpoint"
 VERSION = 2
 WEIGHTS, CONFIG, TRAIN_STATE = "model.safetensors", "config.json", "train_state.pt"
+KEEP = "KEEP"  # an empty file: this checkpoint outlives pruning
 
 
 class CheckpointError(Exception):
@@ -72,10 +74,16 @@ def _point(link: Path, target: str) -> None:
 
 
 def save_checkpoint(
-    run_dir: str | os.PathLike, step: int, model: torch.nn.Module, meta: dict, train_state: dict, best: bool = False
+    run_dir: str | os.PathLike,
+    step: int,
+    model: torch.nn.Module,
+    meta: dict,
+    train_state: dict,
+    best: bool = False,
+    keep: bool = False,
 ) -> Path:
     """Write step `step` as one unit under RUN/checkpoints/, switch RUN/latest (and RUN/best) to it, and
-    prune older checkpoints. Returns the checkpoint's directory."""
+    prune older checkpoints (except those written with `keep`). Returns the checkpoint's directory."""
     run_dir = Path(run_dir)
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
@@ -87,7 +95,11 @@ def save_checkpoint(
     save_file(state, str(tmp / WEIGHTS))
     (tmp / CONFIG).write_text(json.dumps({"format": FORMAT, "version": VERSION, **meta, "step": step}, indent=2) + "\n")
     torch.save(train_state, tmp / TRAIN_STATE)
-    for f in (WEIGHTS, CONFIG, TRAIN_STATE):
+    files = [WEIGHTS, CONFIG, TRAIN_STATE]
+    if keep:
+        (tmp / KEEP).touch()
+        files.append(KEEP)
+    for f in files:
         _fsync(tmp / f)
     _fsync(tmp)
     final = root / name
@@ -106,10 +118,11 @@ def save_checkpoint(
 
 
 def _prune(run_dir: Path) -> None:
-    """Delete checkpoints that neither `latest` nor `best` points to, and stale temporary directories."""
+    """Delete checkpoints that neither `latest` nor `best` points to nor a KEEP file marks, and stale
+    temporary directories."""
     keep = {(run_dir / link).resolve() for link in ("latest", "best") if (run_dir / link).is_symlink()}
     for d in (run_dir / "checkpoints").iterdir():
-        if d.resolve() not in keep and (d.name.startswith("step_") or ".tmp" in d.name):
+        if ".tmp" in d.name or (d.name.startswith("step_") and d.resolve() not in keep and not (d / KEEP).exists()):
             shutil.rmtree(d, ignore_errors=True)
 
 

@@ -337,7 +337,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
             "data_fingerprint": data.fingerprint, **dataclasses.asdict(progress), **rng_state(),
         }  # fmt: skip
         if ddp.main:
-            save_checkpoint(out, step, model, meta, train_state, best=is_best)
+            keep = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
+            save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
 
     model.train()
     stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
@@ -363,7 +364,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
                 log.train_step(step, result[0], result[1], scheduler.get_last_lr()[0], progress.skipped_nonfinite)
         log.tick()
         evaluate_now = cfg.eval.episodes > 0 and ((cfg.eval.every and step % cfg.eval.every == 0) or step == stop)
-        if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0:
+        kept = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
+        if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0 or kept:
             checkpoint(step, side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp))
 
     final = max(start, stop)

@@ -83,6 +83,7 @@ class LoopConfig:
     threads: int = 0  # torch intra-op threads (0 = torch's default)
     log_every: int = 25  # steps between progress/metrics lines
     checkpoint_every: int = 500  # steps between checkpoints (always at the end too)
+    keep_every: int = 0  # also keep every N-th step's checkpoint (a learning curve to evaluate); 0 = latest + best
     skip_nonfinite: bool = False  # skip (and count) batches with a non-finite loss/grad instead of stopping
     stop_at: int = 0  # stop after this step as if interrupted (checkpoint first); 0 = run to the end
     delay_aware_max: int = 0  # train with 0..N committed chunk rows (vla/delay_training.py); 0 = off
@@ -94,10 +95,10 @@ class LoopConfig:
             )
         if self.delay_aware_max < 0:
             raise ValueError(f"train.delay_aware_max={self.delay_aware_max} must be >= 0")
-        if self.log_every < 1 or self.checkpoint_every < 1 or self.stop_at < 0:
+        if self.log_every < 1 or self.checkpoint_every < 1 or self.stop_at < 0 or self.keep_every < 0:
             raise ValueError(
                 f"log_every={self.log_every} and checkpoint_every={self.checkpoint_every} must be >= 1, "
-                f"stop_at={self.stop_at} >= 0"
+                f"stop_at={self.stop_at} and keep_every={self.keep_every} >= 0"
             )
 
 
