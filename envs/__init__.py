@@ -27,8 +27,10 @@ for _task, _id in _IDS.items():
 
 # External benchmarks: registered only when their package is installed (`pip install -e '.[metaworld]'`).
 # Kept out of TASKS, so `--tasks all` and the tabletop suite's tests mean what they meant.
-METAWORLD_TASKS: list[str] = _metaworld.register()
-SUITES: dict[str, list[str]] = {_metaworld.SUITE: METAWORLD_TASKS}
+SUITES: dict[str, list[str]] = _metaworld.register()  # {} without Meta-World
+METAWORLD_TASKS: list[str] = SUITES.get(_metaworld.SUITE, [])  # MT10 (goal in the proprio)
+_EXTERNAL: list[str] = [t for ids in SUITES.values() for t in ids]  # ... and the pixels-only twins
+_EXTERNAL_PREFIXES = (_metaworld.PREFIX, _metaworld.PIXELS_PREFIX)
 
 
 def make_expert(env: gym.Env, noise: float = 0.0, seed: int | None = None):
@@ -47,9 +49,9 @@ def task_id(name: str) -> str:
         return name
     if name in _IDS:
         return _IDS[name]
-    if name in METAWORLD_TASKS:
+    if name in _EXTERNAL:
         return name
-    if name.startswith(_metaworld.PREFIX) and not METAWORLD_TASKS:
+    if name.startswith(_EXTERNAL_PREFIXES) and not _EXTERNAL:
         raise UnknownTask(f"{name} needs Meta-World: pip install -e '.[metaworld]'")
     raise UnknownTask(f"unknown task {name!r}; choose from {', '.join(TASKS + METAWORLD_TASKS)} (or {', '.join(_IDS)})")
 
@@ -58,7 +60,7 @@ def expand_tasks(spec: str) -> list[str]:
     """Task ids from "all" (the tabletop suite), a suite ("metaworld/mt10") or comma-separated ids/names."""
     tasks: list[str] = []
     for name in (s.strip() for s in spec.split(",") if s.strip()):
-        if name == _metaworld.SUITE and not METAWORLD_TASKS:
+        if name.startswith(_EXTERNAL_PREFIXES) and not _EXTERNAL:
             raise UnknownTask(f"{name} needs Meta-World: pip install -e '.[metaworld]'")
         ids = TASKS if name == "all" else SUITES.get(name) or [task_id(name)]
         tasks += [t for t in ids if t not in tasks]

@@ -57,6 +57,10 @@ MT10 = (
 )
 PREFIX = "metaworld/"
 SUITE = "metaworld/mt10"  # what `vla-collect --tasks` and `python -m envs --tasks` expand to the ten ids
+# The same ten tasks with the goal left out of the proprio (hand and gripper only): where the goal is, the
+# policy must see (the goal marker, the door, the drawer ...). Same scenes, seeds, experts and frames.
+PIXELS_PREFIX = "metaworld-pixels/"
+PIXELS_SUITE = "metaworld-pixels/mt10"
 
 # The "corner" camera: the table, the arm and every MT10 object are in view and large at 64 px (corner2,
 # LeRobot's choice, shows the workspace at half the size; topview hides heights and the arm covers half of
@@ -111,22 +115,24 @@ def available() -> bool:
     return importlib.util.find_spec("metaworld") is not None
 
 
-def register() -> list[str]:
-    """Register the MT10 ids with gymnasium when Meta-World is installed; returns them ([] without it)."""
+def register() -> dict[str, list[str]]:
+    """Register the MT10 ids (and their pixels-only twins) with gymnasium when Meta-World is installed;
+    returns {suite: ids} ({} without it)."""
     if not available():
-        return []
-    ids = []
-    for task in MT10:
-        task_id = PREFIX + task
-        if task_id not in gym.registry:
-            gym.register(
-                id=task_id,
-                entry_point="envs.metaworld:MetaWorldEnv",
-                kwargs={"task": task},
-                max_episode_steps=MAX_EPISODE_STEPS[task],
-            )
-        ids.append(task_id)
-    return ids
+        return {}
+    suites: dict[str, list[str]] = {SUITE: [], PIXELS_SUITE: []}
+    for suite, prefix, goal_in_proprio in ((SUITE, PREFIX, True), (PIXELS_SUITE, PIXELS_PREFIX, False)):
+        for task in MT10:
+            task_id = prefix + task
+            if task_id not in gym.registry:
+                gym.register(
+                    id=task_id,
+                    entry_point="envs.metaworld:MetaWorldEnv",
+                    kwargs={"task": task, "goal_in_proprio": goal_in_proprio},
+                    max_episode_steps=MAX_EPISODE_STEPS[task],
+                )
+            suites[suite].append(task_id)
+    return suites
 
 
 class FastRenderer(CameraRenderer):
@@ -151,7 +157,8 @@ class MetaWorldEnv(gym.Env):
 
     Observation (dict):
         image        uint8 (image_size, image_size, 3), the "corner" camera (see CAMERA)
-        proprio      float32 (7,): hand xyz (m), gripper opening (0 closed .. 1 open), the task's goal xyz (m)
+        proprio      float32 (7,): hand xyz (m), gripper opening (0 closed .. 1 open), the task's goal xyz (m);
+                     (4,) without the goal when `goal_in_proprio` is False (the metaworld-pixels/ ids)
         instruction  str, e.g. "open the drawer"
     Action: Box(-1, 1, (4,), float32) at 80 Hz, Meta-World's: a[:3] moves the hand's mocap target by
         a * 1 cm, a[3] is the grip effort (-1 open .. +1 closed).
@@ -164,7 +171,7 @@ class MetaWorldEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
 
-    def __init__(self, task: str, image_size: int = 64, render_mode: str | None = None):
+    def __init__(self, task: str, image_size: int = 64, render_mode: str | None = None, goal_in_proprio: bool = True):
         if task not in MT10:
             raise ValueError(f"unknown Meta-World task {task!r}; MT10 has {', '.join(MT10)}")
         if not 16 <= image_size <= 640:
@@ -174,6 +181,7 @@ class MetaWorldEnv(gym.Env):
         self.task_name = task
         self.image_size = image_size
         self.render_mode = render_mode
+        self.goal_in_proprio = bool(goal_in_proprio)
         cls = ALL_V3_ENVIRONMENTS[task]
         cls = type(cls.__name__, (cls,), {"reset_mocap_welds": _reset_mocap_welds})
         mw = cls()  # no render_mode: gymnasium's renderer is never created
@@ -192,7 +200,7 @@ class MetaWorldEnv(gym.Env):
         self.observation_space = spaces.Dict(
             {
                 "image": spaces.Box(0, 255, (image_size, image_size, 3), np.uint8),
-                "proprio": spaces.Box(-2.0, 2.0, (7,), np.float32),  # metres (the workspace is within ±1 m)
+                "proprio": spaces.Box(-2.0, 2.0, (7 if self.goal_in_proprio else 4,), np.float32),  # metres
                 "instruction": spaces.Text(max_length=128, min_length=1, charset=INSTRUCTION_CHARSET),
             }
         )
@@ -208,7 +216,7 @@ class MetaWorldEnv(gym.Env):
         return {
             "type": "vla-metaworld",
             "env_name": self.spec.id if self.spec is not None else PREFIX + self.task_name,
-            "env_kwargs": {"image_size": self.image_size},
+            "env_kwargs": {"image_size": self.image_size, "goal_in_proprio": self.goal_in_proprio},
             "control_hz": self.control_hz,
             "metaworld": {"camera": CAMERA, "version": _metaworld_version()},
         }
@@ -245,9 +253,11 @@ class MetaWorldEnv(gym.Env):
         return {"image": self._last_frame, "proprio": self.proprio(), "instruction": self.instruction}
 
     def proprio(self) -> np.ndarray:
-        """float32 (7,): hand xyz, gripper opening, goal xyz. Never the object state obs[4:18]."""
+        """float32 (7,): hand xyz, gripper opening, goal xyz ((4,) without the goal). Never the object state
+        obs[4:18]."""
         r = self.raw_obs
-        return np.concatenate([r[HAND], [r[GRIPPER]], r[GOAL]]).astype(np.float32)
+        goal = r[GOAL] if self.goal_in_proprio else []
+        return np.concatenate([r[HAND], [r[GRIPPER]], goal]).astype(np.float32)
 
     def key_positions(self) -> np.ndarray:
         """float32 (6,): the main object's xyz (reach: the goal) and the goal's xyz. Privileged."""

@@ -59,6 +59,25 @@ def test_gymnasium_check_env():
     env.close()
 
 
+def test_the_pixels_only_twin_is_the_same_episode_without_the_goal_in_the_proprio():
+    assert envs.expand_tasks("metaworld-pixels/mt10") == [f"metaworld-pixels/{t}" for t in MT10]
+    full, pixels = gym.make("metaworld/push-v3", image_size=64), gym.make("metaworld-pixels/push-v3", image_size=64)
+    a, _ = full.reset(seed=11)
+    b, _ = pixels.reset(seed=11)
+    expert_a, expert_b = envs.make_expert(full, noise=0.2, seed=11), envs.make_expert(pixels, noise=0.2, seed=11)
+    for _ in range(5):  # same frames, same expert actions, proprio = hand xyz and gripper only
+        assert np.array_equal(a["image"], b["image"]) and a["instruction"] == b["instruction"]
+        assert b["proprio"].shape == (4,) and np.array_equal(b["proprio"], a["proprio"][:4])
+        assert pixels.observation_space.contains(b)
+        action = expert_a.act(a)
+        assert np.array_equal(action, expert_b.act(b))
+        a, *_ = full.step(action)
+        b, *_ = pixels.step(action)
+    assert pixels.unwrapped.env_args["env_kwargs"]["goal_in_proprio"] is False
+    full.close()
+    pixels.close()
+
+
 def test_several_envs_in_one_process_each_render_their_own_scene():
     first = gym.make(REACH, image_size=64)
     alone, _ = first.reset(seed=3)
@@ -92,6 +111,7 @@ def test_without_the_package_import_envs_still_works_and_the_ids_are_absent():
         "import sys; sys.modules['metaworld'] = None\n"  # what an install without the extra looks like
         "import gymnasium as gym, envs\n"
         "assert envs.METAWORLD_TASKS == [] and 'metaworld/reach-v3' not in gym.registry\n"
+        "assert 'metaworld-pixels/reach-v3' not in gym.registry\n"
         "assert len(envs.TASKS) == 4\n"
         "try:\n    envs.expand_tasks('metaworld/mt10')\nexcept ValueError as e:\n    print(e)\n"
     )
@@ -119,6 +139,20 @@ def test_collect_train_and_evaluate_a_metaworld_task(tmp_path):
         assert g["obs/object_px"].shape[1:] == (4,) and "expert_actions" in g
         steps = g["actions"].shape[0]
     assert steps < MAX_EPISODE_STEPS["reach-v3"]  # cut at the first success
+
+    # The pixels-only dataset derived from it is the one collecting the pixels-only twin writes.
+    from scripts.metaworld_pixels_only import main as derive_main
+
+    derived, collected = tmp_path / "derived.hdf5", tmp_path / "collected.hdf5"
+    assert derive_main([str(data), str(derived)]) == 0
+    pixels_argv = ["--tasks", "metaworld-pixels/reach-v3", "--episodes-per-task", "1", "--workers", "1", "--quiet"]
+    assert collect_main([*pixels_argv, "--out", str(collected), "--noise", "0.1", "--valid-fraction", "0"]) == 0
+    with open_dataset(derived) as f, open_dataset(collected) as g:
+        assert read_env_args(f) == read_env_args(g)
+        a, b = f["data/demo_0"], g["data/demo_0"]
+        assert dict(a.attrs) == dict(b.attrs) and set(a["obs"]) == set(b["obs"])
+        for key in ("actions", "expert_actions", "states", "obs/image", "obs/proprio", "obs/object_px"):
+            assert np.array_equal(a[key][()], b[key][()]), key
 
     ckpt = tmp_path / "ckpt"
     code = train_main(["--config", "configs/tiny.yaml", "--data", str(data), "--out", str(ckpt),
