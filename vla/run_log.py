@@ -41,6 +41,9 @@ class RunLog:
             kept = [ln for ln in path.read_text().splitlines() if _record_step(ln) is not None]
             kept = [ln for ln in kept if _record_step(ln) <= start_step]
         path.write_text("".join(ln + "\n" for ln in kept))
+        # train_s: wall-clock seconds of training so far (side jobs included), carried across resumes
+        self._offset = next((json.loads(ln)["train_s"] for ln in reversed(kept) if '"train_s"' in ln), 0.0)
+        self._start = time.perf_counter()
         self.metrics = path.open("a")
         self.bar = tqdm(total=cfg.train.steps, initial=start_step, desc="train", file=sys.stderr, dynamic_ncols=True)
         self.tokens_per_step = tokens_per_step
@@ -77,6 +80,7 @@ class RunLog:
             "grad_norm": grad_norm,
             "tokens_per_s": tok_s,
             "skipped_nonfinite": skipped,
+            "train_s": self._offset + time.perf_counter() - self._start,
             **{f"accuracy/dim{i}": a for i, a in enumerate(outputs["accuracy"].tolist())},
         }
         self.scalars(step, record, tb_prefix="train/")
