@@ -57,7 +57,7 @@ def test_resume_is_exact(tiny_dataset, tmp_path):
     b = [(m["step"], m["loss"]) for m in metrics(split) if "loss" in m]
     assert [s for s, _ in a] == [s for s, _ in b]  # no duplicated or missing training lines
     clock = [m["train_s"] for m in metrics(split) if "loss" in m]
-    assert all(later > earlier for earlier, later in zip(clock, clock[1:]))  # the wall clock carries across --resume
+    assert clock == sorted(set(clock))  # the wall clock only grows, across --resume too
     assert abs(a[-1][1] - b[-1][1]) <= 1e-6, (a[-1], b[-1])
     pa, pb = load_policy(whole).model.state_dict(), load_policy(split).model.state_dict()
     assert all(torch.allclose(pa[k], pb[k], atol=1e-6) for k in pa)
