@@ -32,3 +32,18 @@ def test_summary_of_a_run_directory(tmp_path):
 def test_missing_directory_is_one_clear_error(tmp_path, capsys):
     assert main([str(tmp_path / "nope")]) == 2
     assert "is not a directory" in capsys.readouterr().err
+
+
+def test_success_against_training_minutes_from_kept_checkpoints(tmp_path):
+    point = lambda rate, n: {
+        "tasks": {},
+        "overall": {"success_rate": rate, "episodes": n, "ci95": [rate - 0.1, rate + 0.1]},
+    }  # noqa: E731
+    (tmp_path / "curve").mkdir()
+    (tmp_path / "curve" / "step_0000100.json").write_text(json.dumps(point(0.3, 100)))
+    (tmp_path / "eval.json").write_text(json.dumps(point(0.6, 500)))  # the final checkpoint's, step 200
+    lines = [{"step": s, "loss": 1.0, "train_s": 6.0 * s} for s in (50, 100, 150, 200)]
+    (tmp_path / "metrics.jsonl").write_text("".join(json.dumps(r) + "\n" for r in lines))
+    text = summary(tmp_path)
+    assert "| 10 | 100 | 30% | [20%, 40%] | 100 |" in text and "| 20 | 200 | 60% | [50%, 70%] | 500 |" in text
+    assert (tmp_path / "success_curve.png").stat().st_size > 1000

@@ -5,7 +5,8 @@ the held-out paraphrases),
 the deployment latency and each stage's wall-clock time, and draws the training curves
 (`training_curves.png`) from `metrics.jsonl`. Reads whatever of these the directory holds:
 eval.json, experts.json, eval_swap_colour.json, eval_paraphrase.json, deploy.json, stage_times.txt,
-metrics.jsonl.
+metrics.jsonl, and curve/step_*.json (vla-eval of the checkpoints `train.keep_every` kept: closed-loop
+success against training minutes, `success_curve.png`).
 """
 
 from __future__ import annotations
@@ -58,6 +59,51 @@ def plot_training_curves(run: Path) -> Path | None:
     return out
 
 
+def success_curve(run: Path) -> list[dict]:
+    """[{step, minutes, success_rate, ci95, episodes}] from curve/step_*.json and the final eval.json, in
+    step order; minutes from metrics.jsonl's train_s at that step (None where it was not logged)."""
+    rows = (
+        [json.loads(ln) for ln in (run / "metrics.jsonl").read_text().splitlines() if ln.strip()]
+        if (run / "metrics.jsonl").is_file()
+        else []
+    )
+    clock = {r["step"]: r["train_s"] for r in rows if "train_s" in r}
+    points = {int(p.stem.removeprefix("step_")): _load(p) for p in sorted((run / "curve").glob("step_*.json"))}
+    final, last = _load(run / "eval.json"), max(clock, default=None)
+    if points and final and last is not None and last not in points:
+        points[last] = final
+    curve = []
+    for step, ev in sorted(points.items()):
+        logged = [s for s in clock if s <= step]
+        o = ev["overall"]
+        minutes = clock[max(logged)] / 60 if logged else None
+        curve.append({"step": step, "minutes": minutes, "success_rate": o["success_rate"], "ci95": o["ci95"],
+                      "episodes": o["episodes"]})  # fmt: skip
+    return curve
+
+
+def plot_success_curve(run: Path, curve: list[dict]) -> Path:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    fig, ax = plt.subplots(figsize=(5, 3.4))
+    x = [c["minutes"] if c["minutes"] is not None else float("nan") for c in curve]
+    y = [c["success_rate"] for c in curve]
+    err = [[c["success_rate"] - c["ci95"][0] for c in curve], [c["ci95"][1] - c["success_rate"] for c in curve]]
+    ax.errorbar(x, y, yerr=err, fmt="ko-", capsize=3)
+    ax.set_xlabel("training wall-clock (minutes)")
+    ax.set_ylabel("closed-loop success (95% CI)")
+    ax.set_ylim(0, 1)
+    ax.set_title(f"success against training time: {run}", fontsize=8)
+    fig.tight_layout()
+    out = run / "success_curve.png"
+    fig.savefig(out, dpi=110)
+    plt.close(fig)
+    return out
+
+
 def summary(run: Path) -> str:
     lines = []
     ev, ex, swap = _load(run / "eval.json"), _load(run / "experts.json"), _load(run / "eval_swap_colour.json")
@@ -100,6 +146,16 @@ def summary(run: Path) -> str:
         parts = [ln.split() for ln in times.read_text().splitlines() if ln.strip()]
         lines.append("\nwall-clock per stage: " + ", ".join(f"{n} {int(s)} s" for n, s in parts))
         lines.append(f"total: {sum(int(s) for _, s in parts)} s")
+    curve = success_curve(run)
+    if curve:
+        lines += ["\n| training minutes | step | success | 95% CI | episodes |", "|---|---|---|---|---|"]
+        for c in curve:
+            minutes = f"{c['minutes']:.0f}" if c["minutes"] is not None else "-"
+            lo, hi = c["ci95"]
+            lines.append(
+                f"| {minutes} | {c['step']} | {c['success_rate']:.0%} | [{lo:.0%}, {hi:.0%}] | {c['episodes']} |"
+            )
+        lines.append(f"success curve: {plot_success_curve(run, curve)}")
     curves = plot_training_curves(run)
     if curves:
         lines.append(f"\ntraining curves: {curves}")
