@@ -13,6 +13,7 @@ RUN="${RUN:-runs/metaworld}"
 CONFIG="${CONFIG:-configs/metaworld.yaml}"
 EPISODES_PER_TASK="${EPISODES_PER_TASK:-100}"   # demonstrations per task
 EVAL_EPISODES="${EVAL_EPISODES:-50}"             # evaluation episodes per task (fresh seeds)
+CURVE_EPISODES="${CURVE_EPISODES:-10}"           # per task, for each checkpoint train.keep_every kept
 NOISE="${NOISE:-0.2}"                            # DART: std of the noise on the expert's motion
 EVAL_SEED=100000
 mkdir -p "$RUN" "$(dirname "$DATA")"
@@ -25,23 +26,23 @@ if ! python -c "import metaworld" 2>/dev/null; then
   exit 2
 fi
 
-stage "1/5 scripted experts on the evaluation seeds (what the policy is measured against)"
+stage "1/6 scripted experts on the evaluation seeds (what the policy is measured against)"
 if [ -f "$RUN/experts.json" ]; then
   echo "already measured ($RUN/experts.json)"
 else
-  timed experts python -m envs --tasks metaworld/mt10 --episodes "$EVAL_EPISODES" --seed "$EVAL_SEED" \
+  timed experts python -m envs --tasks metaworld/mt10 --episodes "$EVAL_EPISODES" --seed "$EVAL_SEED" --physics-only \
     --json "$RUN/experts.json.tmp" --contact-sheet "$RUN/tasks.png"
   mv "$RUN/experts.json.tmp" "$RUN/experts.json"
 fi
 
-stage "2/5 collect $EPISODES_PER_TASK demonstrations per MT10 task into $DATA"
+stage "2/6 collect $EPISODES_PER_TASK demonstrations per MT10 task into $DATA"
 resume=""
 if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
 timed collect vla-collect --tasks metaworld/mt10 --episodes-per-task "$EPISODES_PER_TASK" --workers 2 \
   --out "$DATA" --seed 0 --noise "$NOISE" $resume
 vla-data validate "$DATA"
 
-stage "3/5 train $CONFIG into $RUN"
+stage "3/6 train $CONFIG into $RUN"
 if [ -f "$RUN/summary.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['finished'] else 1)" "$RUN/summary.json"; then
   echo "already trained ($RUN/summary.json)"
 elif [ -f "$RUN/latest/train_state.pt" ]; then
@@ -50,9 +51,26 @@ else
   timed train vla-train --config "$CONFIG" --data "$DATA" --out "$RUN"
 fi
 
-stage "4/5 evaluate: $EVAL_EPISODES fresh episodes per task, the expert's rate on the same seeds beside"
-timed eval vla-eval --checkpoint "$RUN" --episodes-per-task "$EVAL_EPISODES" --seed "$EVAL_SEED" --workers 2 \
-  --experts "$RUN/experts.json" --json "$RUN/eval.json" --video "$RUN/videos"
+stage "4/6 evaluate: $EVAL_EPISODES fresh episodes per task, the expert's rate on the same seeds beside"
+if [ -f "$RUN/eval.json" ]; then
+  echo "already evaluated ($RUN/eval.json)"
+else
+  timed eval vla-eval --checkpoint "$RUN" --episodes-per-task "$EVAL_EPISODES" --seed "$EVAL_SEED" --workers 2 \
+    --experts "$RUN/experts.json" --json "$RUN/eval.json.tmp" --video "$RUN/videos"
+  mv "$RUN/eval.json.tmp" "$RUN/eval.json"
+fi
 
-stage "5/5 summary"
+stage "5/6 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (train.keep_every)"
+mkdir -p "$RUN/curve"
+final=$(basename "$(readlink -f "$RUN/latest")")
+for kept in "$RUN"/checkpoints/step_*/KEEP; do
+  [ -e "$kept" ] || continue
+  ckpt=$(dirname "$kept"); name=$(basename "$ckpt")
+  if [ "$name" = "$final" ] || [ -f "$RUN/curve/$name.json" ]; then continue; fi
+  timed "curve_$name" vla-eval --checkpoint "$ckpt" --episodes-per-task "$CURVE_EPISODES" --seed "$EVAL_SEED" \
+    --workers 2 --json "$RUN/curve/$name.json.tmp"
+  mv "$RUN/curve/$name.json.tmp" "$RUN/curve/$name.json"
+done
+
+stage "6/6 summary"
 python -m vla.report "$RUN"

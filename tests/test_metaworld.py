@@ -106,6 +106,17 @@ def test_the_expert_succeeds_and_the_episode_ends_at_its_first_success(task_id):
     env.close()
 
 
+def test_expert_outcomes_are_the_same_without_rendering():
+    from envs.__main__ import expert_episode, measure
+
+    env = gym.make("metaworld/window-close-v3", image_size=64)
+    rendered, physics = (expert_episode(env, envs.make_expert(env, noise=0.2, seed=4), 4, render=r) for r in (1, 0))
+    assert rendered == physics
+    env.close()
+    fast, full = (measure(REACH, 2, 0, 64, 0.2, physics_only=p) for p in (True, False))
+    assert (fast["success_rate"], fast["mean_length"]) == (full["success_rate"], full["mean_length"])
+
+
 def test_without_the_package_import_envs_still_works_and_the_ids_are_absent():
     code = (
         "import sys; sys.modules['metaworld'] = None\n"  # what an install without the extra looks like
