@@ -48,6 +48,10 @@ def test_overrides_coerce_and_validate():
         apply_overrides(Run(), ["steps=0"])
     with pytest.raises(ConfigError, match="key=value"):
         apply_overrides(Run(), ["steps"])
+    for empty in ("name=", "name=''", 'name=""'):  # what `name=""` in a shell passes, and its quoted forms
+        assert apply_overrides(Run(), [empty]).name == ""
+    with pytest.raises(ConfigError, match="expected an integer"):
+        apply_overrides(Run(), ["steps="])
 
 
 def test_load_yaml_errors(tmp_path):

@@ -159,8 +159,8 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
                 if part in getattr(cls, "DATA_DECIDED", ()):
                     raise ConfigError(f"'{name}' is decided by the data (saved as the checkpoint's data_spec), not set")
                 raise ConfigError(f"unknown key '{name}'{_nearest(part, list(types_))}")
-            if depth == len(parts) - 1:
-                node[part] = _parse_scalar(text)
+            if depth == len(parts) - 1:  # `data.aux_key=` (or ="" in a shell) is the empty string, not null
+                node[part] = "" if text in ("", '""', "''") and types_[part] is str else _parse_scalar(text)
             else:
                 if not dataclasses.is_dataclass(types_[part]):
                     raise ConfigError(f"'{'.'.join(parts[: depth + 1])}' is not a section")
