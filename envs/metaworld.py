@@ -216,7 +216,11 @@ class MetaWorldEnv(gym.Env):
         return {
             "type": "vla-metaworld",
             "env_name": self.spec.id if self.spec is not None else PREFIX + self.task_name,
-            "env_kwargs": {"image_size": self.image_size, "goal_in_proprio": self.goal_in_proprio},
+            # goal_in_proprio only when off, so datasets collected before the option existed still match
+            "env_kwargs": {
+                "image_size": self.image_size,
+                **({} if self.goal_in_proprio else {"goal_in_proprio": False}),
+            },
             "control_hz": self.control_hz,
             "metaworld": {"camera": CAMERA, "version": _metaworld_version()},
         }
