@@ -50,7 +50,8 @@ def plot_training_curves(run: Path) -> Path | None:
         ax_acc.plot(x, y, "ko-", label="closed-loop success")
     ax_acc.set_xlabel("step")
     ax_acc.set_ylim(0, 1)
-    ax_acc.legend(fontsize=7)
+    if ax_acc.get_legend_handles_labels()[0]:  # a run without accuracy lines has nothing to name
+        ax_acc.legend(fontsize=7)
     fig.suptitle(f"training: {run}")
     fig.tight_layout()
     out = run / "training_curves.png"
