@@ -10,7 +10,6 @@ RUN=runs/demo
 EPISODES_PER_TASK="${EPISODES_PER_TASK:-600}"   # demonstrations per task
 EVAL_EPISODES="${EVAL_EPISODES:-50}"             # evaluation episodes per task (fresh seeds)
 mkdir -p "$RUN" data
-: > "$RUN/stage_times.txt"
 
 source scripts/stages.sh  # stage, timed
 

@@ -17,7 +17,6 @@ CURVE_EPISODES="${CURVE_EPISODES:-10}"           # per task, for each checkpoint
 NOISE="${NOISE:-0.2}"                            # DART: std of the noise on the expert's motion
 EVAL_SEED=100000
 mkdir -p "$RUN" "$(dirname "$DATA")"
-: > "$RUN/stage_times.txt"
 
 source scripts/stages.sh  # stage, timed
 
