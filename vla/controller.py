@@ -53,7 +53,7 @@ import numpy as np
 from vla.config import ConfigError
 from vla.robot import Robot
 from vla.smoothness import smoothness
-from vla.strategies import STRATEGIES, Strategy, make_strategy
+from vla.strategies import Strategy, check_strategy_options, make_strategy, require_raw_chunks
 
 
 @dataclass
@@ -83,9 +83,8 @@ class ControllerConfig:
             (self.inject_latency_ms >= 0, f"inject_latency_ms must be >= 0, got {self.inject_latency_ms}"),
             (self.inject_jitter_ms >= 0, f"inject_jitter_ms must be >= 0, got {self.inject_jitter_ms}"),
             (self.warmup >= 0, f"warmup must be >= 0, got {self.warmup}"),
-            (self.strategy in STRATEGIES, f"strategy {self.strategy!r} is not one of {', '.join(STRATEGIES)}"),
-            (self.execute >= 0, f"execute must be >= 0 (0 = chunk - delay), got {self.execute}"),
         ]
+        check_strategy_options(self.strategy, self.execute)
         for ok, message in checks:
             if not ok:
                 raise ConfigError(message)
@@ -168,8 +167,7 @@ class ActionGuard:
 @dataclass
 class _Chunk:
     actions: np.ndarray  # (chunk, A): the action for tick `tick`, then the predicted next ones
-    tick: int  # the tick whose observation it was computed from
-    on_time: bool  # ready within that tick's budget
+    tick: int  # the tick whose observation it was computed from (only chunks ready within its budget are kept)
 
 
 @dataclass
@@ -357,24 +355,19 @@ class Controller:
 
                 # ---- infer: inline (sync, and the first tick of the worker loop) or collect the worker's results
                 late_first = False
-                if worker is None:
+                if worker is None or k == 0:
                     start = self.clock()
                     actions = self._infer(obs, k)
                     done = self.clock()
                     result.inference_ms.append((done - start) * 1e3)
-                    fresh = _Chunk(actions, k, done <= deadline)
-                    result.late_inferences += not fresh.on_time
-                    current = fresh if fresh.on_time else current
-                elif k == 0:
-                    start = self.clock()
-                    actions = self._infer(obs, k)
-                    done = self.clock()
-                    result.inference_ms.append((done - start) * 1e3)
-                    strategy = self._strategy(plan, len(actions))
-                    measured.append(math.ceil((done - start) / period - 1e-9))
-                    strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
-                    late_first = done > deadline
-                    result.late_inferences += late_first
+                    result.late_inferences += done > deadline
+                    if worker is None:
+                        current = _Chunk(actions, k) if done <= deadline else current
+                    else:
+                        strategy = self._strategy(plan, len(actions))
+                        measured.append(math.ceil((done - start) / period - 1e-9))
+                        strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
+                        late_first = done > deadline
                 else:
                     for tick, _, out, start, done in worker.poll():
                         if isinstance(out, Exception):
@@ -457,11 +450,7 @@ class Controller:
         """The worker loop's strategy for chunks of `chunk` rows; the policy must hand over its own chunks."""
         name, execute = plan
         cfg = getattr(self.policy, "config", None)
-        if cfg is not None and (cfg.temporal_ensemble or cfg.n_action_steps != 1):
-            raise ConfigError(
-                f"strategy {name!r} schedules the policy's chunks itself: load the policy with "
-                f"temporal_ensemble=False and n_action_steps=1 (got {cfg.temporal_ensemble}, {cfg.n_action_steps})"
-            )
+        require_raw_chunks(name, cfg)
         return make_strategy(name, chunk, min(execute, chunk), getattr(cfg, "ensemble_coeff", 0.0))
 
     def _record(self, result: RunResult, t_tick: float, source: str) -> None:

@@ -23,7 +23,7 @@ import numpy as np
 
 from vla.config import ConfigError
 from vla.smoothness import smoothness
-from vla.strategies import make_strategy
+from vla.strategies import make_strategy, require_raw_chunks
 
 
 class DelayedPolicy:
@@ -32,11 +32,7 @@ class DelayedPolicy:
             raise ConfigError(f"--delay-ticks must be >= 0, got {delay}")
         cfg = getattr(policy, "config", None)
         self.strategy = make_strategy(strategy, policy.chunk, execute, getattr(cfg, "ensemble_coeff", 0.0))
-        if self.strategy.raw_chunks and cfg is not None and (cfg.temporal_ensemble or cfg.n_action_steps != 1):
-            raise ConfigError(
-                f"strategy {strategy!r} schedules the policy's chunks itself: load the policy with "
-                f"temporal_ensemble=False and n_action_steps=1 (got {cfg.temporal_ensemble}, {cfg.n_action_steps})"
-            )
+        require_raw_chunks(strategy, cfg)
         if strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
             raise ConfigError(
                 "strategy 'delay_aware' needs a checkpoint trained with committed action slots "

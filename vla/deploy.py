@@ -143,12 +143,7 @@ def main(argv: list[str] | None = None) -> int:
 
 def _run(args) -> int:
     from vla.controller import ControllerConfig
-    from vla.strategies import STRATEGIES
 
-    if args.strategy not in STRATEGIES:
-        raise UserError(f"--strategy {args.strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if args.execute < 0:
-        raise UserError(f"--execute must be >= 0 (0 = chunk - delay), got {args.execute}")
     if args.strategy == "delay_aware" and args.backend != "torch":
         raise UserError(
             "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"

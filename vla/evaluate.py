@@ -303,7 +303,7 @@ def format_table(result: dict, title: str = "") -> str:
 def delay_options(delay_ticks: int | None, strategy: str | None, execute: int) -> dict | None:
     """`--delay-ticks/--strategy/--execute` checked (UserError on bad input) -> DelayedPolicy's arguments,
     or None when neither a delay nor a strategy was asked for (today's evaluation)."""
-    from vla.strategies import STRATEGIES
+    from vla.strategies import check_strategy_options
 
     if delay_ticks is None and strategy is None:
         return None
@@ -311,10 +311,7 @@ def delay_options(delay_ticks: int | None, strategy: str | None, execute: int) -
     strategy = strategy or "blocking"
     if delay_ticks < 0:
         raise UserError(f"--delay-ticks must be >= 0, got {delay_ticks}")
-    if strategy not in STRATEGIES:
-        raise UserError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
-    if execute < 0:
-        raise UserError(f"--execute must be >= 0 (0 = chunk - delay), got {execute}")
+    check_strategy_options(strategy, execute)
     return {"strategy": strategy, "delay": delay_ticks, "execute": execute}
 
 

@@ -145,6 +145,24 @@ class DelayAware(Chunked):
 STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Blocking, Chunked, Ensemble, DelayAware)}
 
 
+def check_strategy_options(strategy: str, execute: int) -> None:
+    """`--strategy` and `--execute` as vla-eval, vla-bench delay and vla-deploy take them (ConfigError: one line)."""
+    if strategy not in STRATEGIES:
+        raise ConfigError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
+    if execute < 0:
+        raise ConfigError(f"--execute must be >= 0 (0 = chunk - delay), got {execute}")
+
+
+def require_raw_chunks(strategy: str, policy_config) -> None:
+    """A strategy that schedules the policy's chunks needs them unensembled and re-planned every call."""
+    cfg = policy_config
+    if cfg is not None and STRATEGIES[strategy].raw_chunks and (cfg.temporal_ensemble or cfg.n_action_steps != 1):
+        raise ConfigError(
+            f"strategy {strategy!r} schedules the policy's chunks itself: load the policy with "
+            f"temporal_ensemble=False and n_action_steps=1 (got {cfg.temporal_ensemble}, {cfg.n_action_steps})"
+        )
+
+
 def make_strategy(name: str, chunk: int, execute: int = 0, ensemble_coeff: float = 0.0) -> Strategy:
     """A strategy by its name; an unknown name is a ConfigError that lists the valid ones."""
     if name not in STRATEGIES:

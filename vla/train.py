@@ -329,7 +329,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     train_iter = batches(data.train_set, cfg.train.batch_size, cfg.train.seed, ddp.rank, ddp.world, start,
                          cfg.data.num_workers, device.type == "cuda")  # fmt: skip
 
-    def checkpoint(step: int, score: float | None) -> None:
+    def checkpoint(step: int, score: float | None, keep: bool) -> None:
         is_best = score is not None and score > progress.best["score"]
         progress.best = {"score": score, "step": step} if is_best else progress.best
         train_state = {
@@ -337,7 +337,6 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
             "data_fingerprint": data.fingerprint, **dataclasses.asdict(progress), **rng_state(),
         }  # fmt: skip
         if ddp.main:
-            keep = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
             save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
 
     model.train()
@@ -366,7 +365,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
         evaluate_now = cfg.eval.episodes > 0 and ((cfg.eval.every and step % cfg.eval.every == 0) or step == stop)
         kept = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
         if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0 or kept:
-            checkpoint(step, side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp))
+            checkpoint(step, side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp), kept)
 
     final = max(start, stop)
     summary = {
