@@ -102,7 +102,7 @@ class OnnxPolicy:
         self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
         self._state: dict[str, np.ndarray] | None = None
         self._plan: np.ndarray | None = None
-        self._plan_t = 0  # the step it was planned at (Policy.act_chunk)
+        self._plan_t: int | None = None  # the step it was planned at (PolicyConfig.plan_row)
         self.t = 0
 
     @property
@@ -120,7 +120,7 @@ class OnnxPolicy:
         ids = self._text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L) int64
         self._state = dict(zip(self._state_names, self._prefix.run(None, {"instruction": ids}), strict=True))
         self._ensembler.reset()
-        self._plan = None
+        self._plan, self._plan_t = None, None
         self.t = 0
 
     def _inputs(self, obs: dict) -> tuple[np.ndarray, np.ndarray]:
@@ -146,7 +146,7 @@ class OnnxPolicy:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         image, proprio = self._inputs(obs)
         t, self.t = self.t, self.t + 1
-        done = t - self._plan_t if self._plan is not None and 0 < t - self._plan_t < self.config.n_action_steps else 0
+        done = self.config.plan_row(t, self._plan_t)
         feeds = {"image": image, "proprio": proprio, "timestep": np.array([t], dtype=np.int64), **self._state}
         logits, *state = self._step.run(None, feeds)  # every step joins the context, planned or not
         self._state = dict(zip(self._state_names, state, strict=True))

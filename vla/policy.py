@@ -61,7 +61,7 @@ class Policy:
         self._history: deque = deque(maxlen=self.cfg.window)  # [image, proprio, timestep, tokens] per step
         self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
         self._plan: np.ndarray | None = None  # (chunk, A) the chunk being executed, with n_action_steps > 1
-        self._plan_t = 0  # the step it was planned at
+        self._plan_t: int | None = None  # the step it was planned at
         self._instruction: torch.Tensor | None = None
         self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
@@ -82,7 +82,7 @@ class Policy:
         self._instruction = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=self.device)
         self._history.clear()
         self._ensembler.reset()
-        self._plan = None
+        self._plan, self._plan_t = None, None
         self.t = 0
         if self._cache is not None:
             self.model.start(self._cache, self._instruction)
@@ -142,9 +142,7 @@ class Policy:
         timestep = torch.tensor([self.t], dtype=torch.long, device=self.device)
         self._history.append([image, proprio, timestep, None])
         t, self.t = self.t, self.t + 1
-        # actions of the current plan already executed, counted in steps since it was made (a caller that
-        # skips steps, as a late controller does, must not be handed a row meant for an earlier step)
-        done = t - self._plan_t if self._plan is not None and 0 < t - self._plan_t < self.config.n_action_steps else 0
+        done = self.config.plan_row(t, self._plan_t)  # actions of the current plan already executed
         fixed = None if committed is None else np.asarray(committed, dtype=np.float32)
         held = None if fixed is None else self._committed_bins(fixed)
         out = self._decode(image, proprio, timestep, held)  # every step joins the context, planned or not

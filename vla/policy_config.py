@@ -32,3 +32,10 @@ class PolicyConfig:
             )
         if self.ensemble_coeff < 0 or self.temperature < 0:
             raise ValueError(f"ensemble_coeff={self.ensemble_coeff} and temperature={self.temperature} must be >= 0")
+
+    def plan_row(self, t: int, planned_at: int | None) -> int:
+        """Row of the plan made at step `planned_at` that step `t` executes, or 0: plan anew. Counted in steps
+        since the plan was made, so a caller that skips steps (a late controller) never gets a row meant
+        for an earlier step."""
+        age = -1 if planned_at is None else t - planned_at
+        return age if 0 < age < self.n_action_steps else 0
