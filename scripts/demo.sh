@@ -9,12 +9,14 @@ DATA=data/demo.hdf5
 RUN=runs/demo
 EPISODES_PER_TASK="${EPISODES_PER_TASK:-600}"   # demonstrations per task
 EVAL_EPISODES="${EVAL_EPISODES:-50}"             # evaluation episodes per task (fresh seeds)
+PROBE_EPISODES="${PROBE_EPISODES:-20}"           # per task for the two language probes (swapped colour, paraphrase)
 mkdir -p "$RUN" data
 
 source scripts/stages.sh  # stage, timed
 
 stage "1/7 scripted experts on the evaluation seeds (what the policy is measured against)"
-timed experts python -m envs --episodes "$EVAL_EPISODES" --seed 100000 --json "$RUN/experts.json" \
+# --physics-only: the experts read the true state, so their outcomes need no pixels (a test checks that)
+timed experts python -m envs --episodes "$EVAL_EPISODES" --seed 100000 --physics-only --json "$RUN/experts.json" \
   --contact-sheet "$RUN/tasks.png"
 
 stage "2/7 collect $EPISODES_PER_TASK demonstrations per task into $DATA"
@@ -40,11 +42,11 @@ timed eval vla-eval --checkpoint "$RUN" --episodes-per-task "$EVAL_EPISODES" --w
   --json "$RUN/eval.json" --video "$RUN/videos"
 
 stage "5/7 language grounding: the same scenes, the target colour swapped for a distractor's"
-timed grounding vla-eval --checkpoint "$RUN" --episodes-per-task 20 --workers 2 --instructions swap_colour \
+timed grounding vla-eval --checkpoint "$RUN" --episodes-per-task "$PROBE_EPISODES" --workers 2 --instructions swap_colour \
   --json "$RUN/eval_swap_colour.json"
 
 stage "6/7 language generalization: the same scenes, each instruction rephrased by the held-out grammar"
-timed paraphrase vla-eval --checkpoint "$RUN" --episodes-per-task "$EVAL_EPISODES" --workers 2 --instructions paraphrase \
+timed paraphrase vla-eval --checkpoint "$RUN" --episodes-per-task "$PROBE_EPISODES" --workers 2 --instructions paraphrase \
   --json "$RUN/eval_paraphrase.json"
 
 stage "7/7 deploy: 20 Hz fixed-rate loop, 50 ms budget, streaming KV cache"

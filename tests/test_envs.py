@@ -196,6 +196,15 @@ def test_python_m_envs_writes_its_table_json_and_contact_sheet(tmp_path, capsys)
     assert sheet.read_bytes()[:8] == b"\x89PNG\r\n\x1a\n" and sheet.stat().st_size > 10_000
 
 
+def test_tabletop_expert_outcomes_are_the_same_without_rendering(env):
+    """`make demo` measures the experts with --physics-only: each noisy episode must end as a rendered one does."""
+    from envs.__main__ import expert_episode
+
+    for seed in (3, 4):
+        rendered, physics = (expert_episode(env, envs.make_expert(env, noise=0.3, seed=seed), seed, r) for r in (1, 0))
+        assert rendered == physics
+
+
 def test_python_m_envs_bad_input_is_one_line(capsys):
     from envs.__main__ import main
 
