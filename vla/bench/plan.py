@@ -97,7 +97,7 @@ def candidates(args) -> list[ModelConfig]:
 def measure(cfg: ModelConfig, spec, backends: list[str], steps: int, threads: int, seed: int, device) -> dict:
     """p50/p99 of the streaming step per backend (None + reason where one cannot run)."""
     torch.manual_seed(seed)
-    model = ActionTransformer(cfg, spec).to(device).eval()
+    model = ActionTransformer(cfg, spec).to(device).for_inference()  # as load_policy builds it
     warmup = cfg.window + 3  # window full, caches and allocator warm
     ep = _Episode(model.layout, warmup + steps, device, seed)
     methods = {"torch": _Streaming(model, ep, device)} if "torch" in backends else {}

@@ -422,6 +422,17 @@ class ActionTransformer(nn.Module):
 
     # ------------------------------------------------------------------------- streaming
 
+    def for_inference(self) -> ActionTransformer:
+        """Eval mode and, on CPU, convolution weights in channels-last layout: with one image per call
+        PyTorch otherwise runs the stem on its slow reference convolution, and oneDNN's channels-last
+        kernels take the vision part of a control step from ~3.5 to ~2.6 ms. Policies loaded from a
+        checkpoint use it; a model being trained keeps its layout (a resumed run must compute exactly
+        what an uninterrupted one does). Outputs agree to ~1e-7."""
+        self.eval()
+        if self.index_embed.weight.device.type == "cpu":
+            self.to(memory_format=torch.channels_last)
+        return self
+
     @torch.inference_mode()
     def new_cache(self, batch_size: int, device=None, dtype=None) -> KVCache:
         """Preallocate the KV cache: instruction prefix + K step slots, every layer."""
@@ -470,8 +481,7 @@ class ActionTransformer(nn.Module):
         n_obs, CA, S = self.layout.n_obs_tokens, self.layout.n_action_tokens, self.layout.tokens_per_step
         slot = cache.advance(timestep)
         base = cache.slot_offset(slot)  # buffer position of this step's first token
-        keys = cache.coords()
-        mask = self.mask(keys.select(slice(base, base + S)), keys)  # (B, H|1, S, L + K*S)
+        mask = cache.memo_mask(slot, timestep, lambda keys: self.mask(keys.select(slice(base, base + S)), keys))
         held = None if committed is None else committed[:, None]  # (B, 1, chunk*A)
         x = self.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, cache.film_ctx, held).x[:, 0]
         # pass 0: observation tokens + the action slots that need no decoded value

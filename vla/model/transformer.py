@@ -78,7 +78,9 @@ def attention_mask(
         delta = (q.time[:, :, None] - k.time[:, None, :]).clamp(0, K - 1)  # (B, n_q, n_k)
         # a one-hot product, not rel_bias[:, delta]: the gather's backward is a scatter-add of B*H*n_q*n_k
         # values into H*K cells, which on CPU cost an eighth of a training step; this one is a small matmul
-        onehot = F.one_hot(delta, K).to(rel_bias.dtype) * both[..., None]  # (B, n_q, n_k, K)
+        # (a comparison, not F.one_hot, which checks its input's range with two host reductions per call)
+        offsets = torch.arange(K, device=delta.device)  # (K,)
+        onehot = ((delta[..., None] == offsets) & both[..., None]).to(rel_bias.dtype)  # (B, n_q, n_k, K)
         bias = torch.einsum("bqkt,ht->bhqk", onehot, rel_bias)  # (B, H, n_q, n_k): step offset bias
         bias = bias + instr_bias[None, :, None, None] * to_instr  # step queries -> instruction keys
         bias = bias.to(dtype)
