@@ -11,7 +11,7 @@ import torch
 
 import envs
 from tests.conftest import run_cli, run_main
-from vla.export import ExportError, PrefixGraph, StepGraph, export_policy, parity
+from vla.export import ExportError, MaskGraph, PrefixGraph, StepGraph, export_policy, parity
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.onnx_policy import load_onnx_policy
 from vla.policy import Policy, load_policy
@@ -39,29 +39,33 @@ def demo_like(tiny_checkpoint, **overrides) -> Policy:
 
 @pytest.mark.parametrize("time_encoding", ["relative", "sinusoidal"])
 def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint, time_encoding):
-    """The export wrappers, run in torch, give model.step's logits and KV cache over an episode longer than
-    the window (eviction included)."""
+    """The export wrappers, run in torch with the runtime's ring bookkeeping (OnnxStreamer's), give
+    model.step's logits and KV cache over an episode longer than the window (eviction included)."""
     model = demo_like(tiny_checkpoint, time_encoding=time_encoding).model
     spec, rng = model.spec, np.random.default_rng(0)
+    L, K, S = model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step
     ids = torch.tensor([[1, 258, 259, 260, 2, 0, 0, 0, 0, 0, 0, 0]])  # <bos>, words, a byte, padding
     cache = model.new_cache(1)
     model.start(cache, ids)
     with torch.no_grad():
-        state = PrefixGraph(model)(ids)
-    torch.testing.assert_close(state[0][:, :, :, :, :12], cache.kv[:, :, :, :, :12], atol=1e-6, rtol=0)
-    torch.testing.assert_close(state[-1], cache.film_ctx, atol=1e-6, rtol=0)
-    step = StepGraph(model)
-    for t in range(2 * model.cfg.window + 1):
+        kv, instr_valid, film_ctx = PrefixGraph(model)(ids)
+    torch.testing.assert_close(kv[:, :, :, :, :12], cache.kv[:, :, :, :, :12], atol=1e-6, rtol=0)
+    torch.testing.assert_close(film_ctx, cache.film_ctx, atol=1e-6, rtol=0)
+    slot_timestep, slot_valid = torch.zeros(1, K, dtype=torch.long), torch.zeros(1, K, dtype=torch.bool)
+    for t in range(2 * K + 1):
         image = torch.from_numpy(rng.integers(0, 256, (1, 1, spec.image_size, spec.image_size, 3), dtype=np.uint8))
         proprio = torch.randn(1, spec.proprio_dim)
         timestep = torch.tensor([t * 3])  # gaps, as when a controller skips ticks
         want = model.step(cache, image, proprio, timestep)
+        slot = t % K
+        slot_timestep[:, slot], slot_valid[:, slot] = timestep, True
         with torch.no_grad():
-            logits, *state = step(image, proprio, timestep, *state)
+            mask = MaskGraph(model)(instr_valid, slot_timestep, slot_valid, timestep, torch.tensor([slot]))
+            logits, new_kv = StepGraph(model)(image, proprio, timestep, kv, mask, film_ctx)
+        kv[:, :, :, :, L + slot * S : L + (slot + 1) * S] = new_kv
         torch.testing.assert_close(logits, want.logits, atol=1e-5, rtol=0)
-        torch.testing.assert_close(state[0], cache.kv, atol=1e-5, rtol=0)
-        assert torch.equal(state[2], cache.slot_timestep) and torch.equal(state[3], cache.slot_valid)
-        assert int(state[4]) == cache.n_steps
+        torch.testing.assert_close(kv, cache.kv, atol=1e-5, rtol=0)
+        assert torch.equal(slot_timestep, cache.slot_timestep) and torch.equal(slot_valid, cache.slot_valid)
 
 
 def full_rollout_parity(policy, out) -> dict:
@@ -96,7 +100,9 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     assert all(0 <= d < 1 for d in int8) and max(int8) > 0
     assert (out / "step.int8.onnx").stat().st_size < (out / "step.onnx").stat().st_size
     step_inputs = {io["name"]: io["shape"] for io in manifest["graphs"]["step"]["inputs"]}
-    assert step_inputs["image"] == [1, 1, 64, 64, 3] and "kv" in step_inputs and "slot_valid" in step_inputs
+    assert step_inputs["image"] == [1, 1, 64, 64, 3] and {"kv", "mask"} <= set(step_inputs)
+    mask_inputs = {io["name"] for io in manifest["graphs"]["mask"]["inputs"]}
+    assert mask_inputs == {"instr_valid", "slot_timestep", "slot_valid", "timestep", "slot"}
     assert {"text", "action", "proprio"} <= set(manifest["tokenizers"])
     policy = load_policy(tiny_checkpoint, device="cpu")
     diffs = parity(policy, load_policy(out, backend="onnxruntime"), envs.TASKS, steps=None)
@@ -178,5 +184,15 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())
     assert summary["backend"] == "onnxruntime" and summary["device"] == "onnxruntime-cpu"
-    r = run_main("vla.evaluate", "--checkpoint", export, "--backend", "onnxruntime", "--workers", 2)
-    assert r.returncode == 2 and r.stderr.count("\n") == 1 and "--workers 1" in r.stderr
+    # worker processes run the exported graphs too: the same episodes as one process; int8 likewise
+    details = {}
+    for backend, workers in (("onnxruntime", 1), ("onnxruntime", 2), ("onnxruntime-int8", 2)):
+        out = tmp_path / f"eval_{backend}_{workers}.json"
+        r = run_main("vla.evaluate", "--checkpoint", export, "--episodes-per-task", 2, "--tasks", "reach",
+                     "--workers", workers, "--json", out, "--backend", backend)  # fmt: skip
+        assert r.returncode == 0, r.stderr
+        result = json.loads(out.read_text())
+        assert result["backend"] == backend and result["policy"]["device"] == "onnxruntime-cpu"
+        details[backend, workers] = sorted(result["episodes_detail"]["tabletop/Reach-v0"], key=json.dumps)
+    assert details["onnxruntime", 2] == details["onnxruntime", 1]
+    assert len(details["onnxruntime-int8", 2]) == 2

@@ -26,6 +26,7 @@ from pathlib import Path
 
 from vla import cli
 from vla.errors import UserError
+from vla.policy_config import BACKENDS
 
 SAFE_STOP_EXIT = 3
 
@@ -131,9 +132,10 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument(
         "--backend",
-        choices=["torch", "onnxruntime"],
+        choices=BACKENDS,
         default="torch",
-        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime, fp32 or "
+        "the int8 step graph (vla-export --int8)",
     )
     parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
     args = parser.parse_args(argv)
@@ -175,7 +177,7 @@ def _run(args) -> int:
     from vla.policy import load_policy
     from vla.robot import SimRobot
 
-    if args.backend == "onnxruntime":  # its session takes torch's thread count when it is made
+    if args.backend != "torch":  # its session takes torch's thread count when it is made
         torch.set_num_threads(args.threads or 1)
     from vla.delay import raw_chunk_overrides
 

@@ -30,6 +30,7 @@ import numpy as np
 
 from vla import cli
 from vla.errors import UserError
+from vla.policy_config import BACKENDS
 
 EVAL_SEED = 100_000  # first evaluation seed; the collector counts up from its own (small) seeds
 
@@ -338,9 +339,10 @@ def main(argv: list[str] | None = None) -> int:
     cli.add_policy_overrides(parser)
     parser.add_argument(
         "--backend",
-        choices=["torch", "onnxruntime"],
+        choices=BACKENDS,
         default="torch",
-        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime, fp32 or "
+        "the int8 step graph (vla-export --int8)",
     )
     parser.add_argument(
         "--instructions",
@@ -393,17 +395,17 @@ def _run(args) -> int:
         raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
-    if args.backend == "onnxruntime" and (args.workers > 1 or args.attention):
-        raise UserError("--backend onnxruntime runs in one process without attention figures (--workers 1)")
+    if args.backend != "torch" and args.attention:
+        raise UserError(f"--backend {args.backend} has no attention figures (they read torch's attention maps)")
     delay = delay_options(args.delay_ticks, args.strategy, args.execute)
-    policy_kwargs = {"device": cli.device(args.device), **cli.policy_overrides(args.policy)}
+    policy_kwargs = {"device": cli.device(args.device), "backend": args.backend, **cli.policy_overrides(args.policy)}
     if args.no_kv_cache:
         policy_kwargs["kv_cache"] = False
     if delay is not None:
         from vla.delay import raw_chunk_overrides
 
         policy_kwargs = raw_chunk_overrides(delay["strategy"]) | policy_kwargs  # an explicit --policy wins
-    policy = load_policy(args.checkpoint, backend=args.backend, **policy_kwargs)
+    policy = load_policy(args.checkpoint, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)

@@ -4,15 +4,21 @@
     policy = load_policy("runs/demo", backend="onnxruntime")
 
 Files written (`--out`, default CHECKPOINT/export/):
-- prefix.onnx: instruction ids (1, L) -> the initial streaming state: the KV buffer of every layer with
-  the instruction prefix's keys/values at [0, L) (zeros elsewhere), the instruction's validity, empty
-  step slots, the step counter, and the FiLM context when the model has one.
-- step.onnx: one control step: image (1, C, H, W, 3) uint8, proprio (1, P) normalized, timestep (1,)
-  and the state -> action logits (1, chunk*A, bins) and the next state (`next_<name>`). The step's ring
-  slot (n_steps % K), its KV writes and the attention mask are computed inside the graph from the
-  state tensors, exactly as `ActionTransformer.step` computes them with `KVCache`.
+- prefix.onnx: instruction ids (1, L) -> every layer's KV buffer with the instruction prefix's keys/values
+  at [0, L) (zeros elsewhere), the instruction's validity, and the FiLM context when the model has one.
+- mask.onnx: the ring's state after a step's advance (slot timesteps and validity, the instruction's
+  validity, the step's timestep and slot) -> that step's attention mask, by the model's one rule. It
+  depends on nothing else, so the runtime computes it once per distinct ring state and reuses it.
+- step.onnx: one control step: image (1, C, H, W, 3) uint8, proprio (1, P) normalized, timestep (1,),
+  the KV buffer, the mask (and the FiLM context) -> action logits (1, chunk*A, bins) and the step's own
+  keys/values, which the runtime writes into the step's ring slot: the ring bookkeeping of `KVCache`
+  (which slot, eviction) lives in the runtime, `vla.onnx_policy.OnnxStreamer`, a few numpy lines.
 - manifest.json: graph inputs/outputs (names, shapes, dtypes), the tokenizers, proprio normalization,
   action decoding (bin centres, readout), the policy and model configurations, and the parity figures.
+
+Why three graphs and not one: measured on the demo model (1 thread, onnxruntime 1.x), the mask computed
+inside the step graph cost ~1.4 ms of a 4.8 ms step and rewriting the whole KV buffer ~0.4 ms; as a
+memoized graph and an appended key block they cost nothing per step.
 
 The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
 that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
@@ -41,9 +47,8 @@ from vla.model import ActionTransformer
 from vla.model.config import PAD_ID
 from vla.model.transformer import Block, TokenCoords
 
-MANIFEST_VERSION = 1
+MANIFEST_VERSION = 2  # 2: mask.onnx apart, step returns its own keys/values (the runtime keeps the ring)
 PARITY_TOL = 1e-4  # fp32 actions, max abs difference over the parity rollouts
-STATE = ("kv", "instr_valid", "slot_timestep", "slot_valid", "n_steps")  # + "film_ctx" with FiLM
 
 
 class ExportError(ValueError):
@@ -96,7 +101,8 @@ def _qkv(block: Block, x):
 
 
 class PrefixGraph(nn.Module):
-    """`ActionTransformer.start` as a function: instruction ids (1, L) -> the initial streaming state."""
+    """`ActionTransformer.start` as a function: instruction ids (1, L) -> the KV buffer of every layer with
+    the prefix's keys/values at [0, L) (zeros elsewhere), the instruction's validity (and the FiLM context)."""
 
     def __init__(self, model: ActionTransformer):
         super().__init__()
@@ -123,72 +129,105 @@ class PrefixGraph(nn.Module):
             x = _block(block, x, mask, qkv[1], qkv[2], None)
         kv = torch.stack(layers)  # (n_layer, 2, B, H, L, hd)
         kv = F.pad(kv, (0, 0, 0, N - L))  # (n_layer, 2, B, H, N, hd): the K step slots empty
-        state = [
-            kv,
-            valid,
-            torch.zeros(B, cfg.window, dtype=torch.long),
-            torch.zeros(B, cfg.window, dtype=torch.bool),
-            torch.zeros(1, dtype=torch.long),
-        ]
+        state = [kv, valid]
         if cfg.film:
             state.append(m.instruction_context(instruction))  # (B, 2d)
         return tuple(state)
 
 
-class StepGraph(nn.Module):
-    """`ActionTransformer.step` (parallel decoding) as a function of the state tensors."""
+def step_key_coords(model: ActionTransformer, instr_valid, slot_timestep, slot_valid, timestep, slot) -> TokenCoords:
+    """The keys a step attends to in the exported graphs: the whole buffer (instruction, then the K ring
+    slots) with this step's slot hidden (it still holds the evicted step), followed by this step's own S
+    tokens. `slot_timestep` / `slot_valid` (B, K) are after this step's KVCache.advance; slot (1,)."""
+    L, K, S = model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step
+    B, N = instr_valid.shape[0], L + K * S
+    evicted = torch.arange(K) == slot  # (K,)
+    return TokenCoords(
+        pos=torch.arange(N + S),
+        slot=torch.cat([torch.full((L,), -1, dtype=torch.long), torch.arange(K).repeat_interleave(S), slot.expand(S)]),
+        index=torch.cat([torch.arange(L), torch.arange(S).repeat(K), torch.arange(S)]),
+        time=torch.cat(
+            [
+                torch.zeros(B, L, dtype=torch.long),
+                slot_timestep.repeat_interleave(S, 1),
+                timestep[:, None].expand(B, S),
+            ],
+            1,
+        ),  # (B, N + S)
+        valid=torch.cat(
+            [instr_valid, (slot_valid & ~evicted).repeat_interleave(S, dim=1), torch.ones(B, S, dtype=torch.bool)], 1
+        ),  # (B, N + S)
+    )
+
+
+class MaskGraph(nn.Module):
+    """The attention mask of one streaming step (the model's one rule, `ActionTransformer.mask`), as a graph of
+    its own: it changes only with the ring's state, so the runtime runs it once per distinct state and keeps
+    the result (`vla.onnx_policy.OnnxStreamer`). Inputs after this step's advance; out (B, H|1, S, N + S)."""
 
     def __init__(self, model: ActionTransformer):
         super().__init__()
         check_exportable(model)
         self.model = model
 
-    def forward(self, image, proprio, timestep, kv, instr_valid, slot_timestep, slot_valid, n_steps, film_ctx=None):
+    def forward(self, instr_valid, slot_timestep, slot_valid, timestep, slot):
+        keys = step_key_coords(self.model, instr_valid, slot_timestep, slot_valid, timestep, slot)
+        N = keys.pos.shape[0] - self.model.layout.tokens_per_step
+        return self.model.mask(keys.select(slice(N, None)), keys)
+
+
+class StepGraph(nn.Module):
+    """`ActionTransformer.step` (parallel decoding) as a function: image (B, C, H, W, 3) uint8, proprio
+    (B, P), timestep (B,), the KV buffer, the step's mask (MaskGraph) and the FiLM context -> logits
+    (B, chunk*A, bins) and this step's keys/values (n_layer, 2, B, H, S, hd), which the runtime writes
+    into the step's ring slot. The queries attend to [buffer | own keys] (the mask hides the slot's old
+    step), so the graph holds no scatter and returns no copy of the buffer."""
+
+    def __init__(self, model: ActionTransformer):
+        super().__init__()
+        check_exportable(model)
+        self.model = model
+
+    def forward(self, image, proprio, timestep, kv, mask, film_ctx=None):
         m, lay = self.model, self.model.layout
-        L, K, S, n_obs = m.cfg.instruction_len, m.cfg.window, lay.tokens_per_step, lay.n_obs_tokens
-        B = image.shape[0]
-        # KVCache.advance: the next ring slot takes this step, evicting the oldest when full
-        slot = n_steps % K  # (1,)
-        here = torch.arange(K) == slot  # (K,) one-hot
-        slot_timestep = torch.where(here, timestep[:, None], slot_timestep)  # (B, K)
-        slot_valid = slot_valid | here  # (B, K)
-        # KVCache.coords for the keys; the queries are this slot's S positions (ActionTransformer.step)
-        keys = TokenCoords(
-            pos=torch.arange(L + K * S),
-            slot=torch.cat([torch.full((L,), -1, dtype=torch.long), torch.arange(K).repeat_interleave(S)]),
-            index=torch.cat([torch.arange(L), torch.arange(S).repeat(K)]),
-            time=torch.cat([torch.zeros(B, L, dtype=torch.long), slot_timestep.repeat_interleave(S, 1)], 1),
-            valid=torch.cat([instr_valid, slot_valid.repeat_interleave(S, dim=1)], dim=1),  # (B, L + K*S)
-        )
-        queries = TokenCoords(
-            pos=L + slot * S + torch.arange(S),
-            slot=slot.expand(S),
-            index=torch.arange(S),
-            time=timestep[:, None].expand(B, S),
-            valid=torch.ones(B, S, dtype=torch.bool),
-        )
-        mask = m.mask(queries, keys)  # (B, H|1, S, L + K*S)
+        n_obs, S = lay.n_obs_tokens, lay.tokens_per_step
         x = m.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, film_ctx).x[:, 0]  # (B, S, d)
-        write = here.view(1, 1, 1, K, 1, 1)  # broadcasts over (2, B, H, K, S, hd)
-        layers, h = [], x
+        new_kv, h = [], x
         for i, block in enumerate(m.blocks):
             new = _qkv(block, h)[1:]  # (2, B, H, S, hd)
-            old = kv[i]  # (2, B, H, L + K*S, hd)
-            steps = old[:, :, :, L:].unflatten(3, (K, S))  # (2, B, H, K, S, hd)
-            steps = torch.where(write, new[:, :, :, None], steps).flatten(3, 4)  # (2, B, H, K*S, hd)
-            layer = torch.cat([old[:, :, :, :L], steps], dim=3)  # (2, B, H, L + K*S, hd)
-            layers.append(layer)
+            new_kv.append(new)
+            k, v = torch.cat([kv[i, 0], new[0]], dim=2), torch.cat([kv[i, 1], new[1]], dim=2)  # (B, H, N + S, hd)
             rows = slice(n_obs, S) if i == len(m.blocks) - 1 else None
-            h = _block(block, h, mask, layer[0], layer[1], rows)
-        logits = m.head(m.ln_f(h))  # (B, chunk*A, bins)
-        state = [torch.stack(layers), instr_valid, slot_timestep, slot_valid, n_steps + 1]
-        if film_ctx is not None:
-            state.append(film_ctx)
-        return (logits, *state)
+            h = _block(block, h, mask, k, v, rows)
+        return m.head(m.ln_f(h)), torch.stack(new_kv)  # (B, chunk*A, bins), (n_layer, 2, B, H, S, hd)
 
 
-def state_names(model: ActionTransformer) -> list[str]:
-    return [*STATE, "film_ctx"] if model.cfg.film else list(STATE)
+def prefix_outputs(model: ActionTransformer) -> list[str]:
+    return ["kv", "instr_valid", "film_ctx"] if model.cfg.film else ["kv", "instr_valid"]
+
+
+def export_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path) -> None:
+    """prefix.onnx, mask.onnx and step.onnx of a model (fp32, CPU), traced with `instruction` (1, L)."""
+    spec, K = model.spec, model.cfg.window
+    names = prefix_outputs(model)
+    with torch.no_grad():
+        prefix = PrefixGraph(model)
+        _onnx_export(prefix, (instruction,), out / "prefix.onnx", ["instruction"], names)
+        kv, instr_valid, *film = prefix(instruction)
+        timestep, slot = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
+        ring = (torch.zeros(1, K, dtype=torch.long), torch.zeros(1, K, dtype=torch.bool))
+        mask_inputs = ["instr_valid", "slot_timestep", "slot_valid", "timestep", "slot"]
+        _onnx_export(MaskGraph(model), (instr_valid, *ring, timestep, slot), out / "mask.onnx", mask_inputs, ["mask"])
+        mask = MaskGraph(model)(instr_valid, *ring, timestep, slot)
+        image = torch.zeros(1, spec.n_cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
+        step_inputs = ["image", "proprio", "timestep", "kv", "mask", *(["film_ctx"] if film else [])]
+        _onnx_export(
+            StepGraph(model),
+            (image, torch.zeros(1, spec.proprio_dim), timestep, kv, mask, *film),
+            out / "step.onnx",
+            step_inputs,
+            ["logits", "new_kv"],
+        )
 
 
 def _io(path: Path) -> dict:
@@ -241,24 +280,9 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
     out = Path(out)
     out.mkdir(parents=True, exist_ok=True)
     cfg, spec, lay = model.cfg, model.spec, model.layout
-    names = state_names(model)
     t0 = time.perf_counter()
-    with torch.no_grad():
-        ids = torch.as_tensor(policy.tok.text.encode_batch(["export"], cfg.instruction_len), dtype=torch.long)
-        prefix = PrefixGraph(model)
-        _onnx_export(prefix, (ids,), out / "prefix.onnx", ["instruction"], names)
-        state = prefix(ids)
-        size = spec.image_size
-        image = torch.zeros(1, spec.n_cameras, size, size, 3, dtype=torch.uint8)
-        proprio = torch.zeros(1, spec.proprio_dim)
-        timestep = torch.zeros(1, dtype=torch.long)
-        _onnx_export(
-            StepGraph(model),
-            (image, proprio, timestep, *state),
-            out / "step.onnx",
-            ["image", "proprio", "timestep", *names],
-            ["logits", *(f"next_{n}" for n in names)],
-        )
+    ids = torch.as_tensor(policy.tok.text.encode_batch(["export"], cfg.instruction_len), dtype=torch.long)
+    export_graphs(model, ids, out)
     if int8:
         quantize_step(out)
     tok = policy.tok
@@ -267,9 +291,9 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
         "version": MANIFEST_VERSION,
         "graphs": {
             "prefix": {"file": "prefix.onnx", **_io(out / "prefix.onnx")},
+            "mask": {"file": "mask.onnx", **_io(out / "mask.onnx")},
             "step": {"file": "step.onnx", **_io(out / "step.onnx")},
         },
-        "state": names,  # prefix outputs == step state inputs; step outputs next_<name>
         "model": asdict(cfg),
         "data_spec": asdict(spec),
         "policy": asdict(policy.config),

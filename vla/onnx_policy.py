@@ -6,8 +6,9 @@
 
 Imports only numpy, onnxruntime and the torch-free parts of vla (the text tokenizer, temporal
 ensembling, PolicyConfig), so it runs on a robot's computer with `pip install numpy onnxruntime`.
-The streaming state (KV cache, slots, step counter, FiLM context) lives in numpy arrays that the step
-graph takes and returns; the readout and temporal ensembling are `vla.policy.Policy`'s.
+The streaming state lives in numpy (`OnnxStreamer`): the KV buffer the step graph reads and whose ring
+slot it writes, the slot table `KVCache` keeps in torch, and the step masks (one mask.onnx run per
+distinct ring state). The readout and temporal ensembling are `vla.policy.Policy`'s.
 """
 
 from __future__ import annotations
@@ -60,16 +61,85 @@ def find_export(path: str | Path) -> Path:
     raise PolicyLoadError(f"{path}: no ONNX export (manifest.json) here or in export/; run vla-export --checkpoint")
 
 
+def session_options(ort, threads: int | None):
+    options = ort.SessionOptions()
+    if threads is not None:
+        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+    return options
+
+
+class OnnxStreamer:
+    """vla-export's graphs as the streaming step: `start(ids)` then `step(image, proprio, t)` -> logits.
+
+    Mirrors `KVCache` + `ActionTransformer.start/step` with numpy state: step n goes to ring slot n % K
+    (evicting the oldest when full); its mask comes from mask.onnx, memoized by everything it depends on
+    (slot, each slot's step offset, which slots are filled; the instruction's padding is fixed per
+    episode); step.onnx returns the step's keys/values, written into the slot here."""
+
+    def __init__(self, export_dir: Path, manifest: dict, threads: int | None = None, int8: bool = False):
+        import onnxruntime as ort
+
+        options = session_options(ort, threads)
+        self.providers = [
+            p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()
+        ]
+        graphs = manifest["graphs"]
+        if int8 and "step_int8" not in graphs:
+            raise PolicyLoadError(f"{export_dir}: no int8 step graph; export with vla-export --int8")
+
+        def session(name: str):
+            return ort.InferenceSession(str(export_dir / graphs[name]["file"]), options, providers=self.providers)
+
+        self._prefix, self._mask, self._step = (
+            session("prefix"),
+            session("mask"),
+            session("step_int8" if int8 else "step"),
+        )
+        self._prefix_names = [o.name for o in self._prefix.get_outputs()]
+        self._step_inputs = {i.name for i in self._step.get_inputs()}
+        cfg = manifest["model"]
+        self.L, self.K, self.S = cfg["instruction_len"], cfg["window"], manifest["tokens_per_step"]
+
+    def start(self, ids: np.ndarray) -> None:
+        """Begin an episode: instruction ids (1, L) int64 through the prefix graph; the ring empty."""
+        self.state = dict(zip(self._prefix_names, self._prefix.run(None, {"instruction": ids}), strict=True))
+        B = ids.shape[0]
+        self.slot_timestep = np.zeros((B, self.K), np.int64)
+        self.slot_valid = np.zeros((B, self.K), bool)
+        self.n_steps = 0
+        self._masks: dict = {}
+
+    def step(self, image: np.ndarray, proprio: np.ndarray, timestep: np.ndarray) -> np.ndarray:
+        """One control step: image (1, C, H, W, 3) uint8, proprio (1, P) float32, timestep (1,) int64 ->
+        logits (1, chunk*A, bins)."""
+        slot = self.n_steps % self.K  # KVCache.advance
+        self.slot_timestep[:, slot] = timestep
+        self.slot_valid[:, slot] = True
+        self.n_steps += 1
+        key = (slot, (timestep[:, None] - self.slot_timestep).tobytes(), self.slot_valid.tobytes())
+        mask = self._masks.get(key)
+        if mask is None:
+            ring = {"slot_timestep": self.slot_timestep, "slot_valid": self.slot_valid, "slot": np.array([slot])}
+            feeds = {"instr_valid": self.state["instr_valid"], "timestep": timestep, **ring}
+            mask = self._masks[key] = self._mask.run(None, feeds)[0]
+        feeds = {"image": image, "proprio": proprio, "timestep": timestep, "mask": mask, **self.state}
+        logits, new_kv = self._step.run(None, {k: v for k, v in feeds.items() if k in self._step_inputs})
+        at = self.L + slot * self.S
+        self.state["kv"][:, :, :, :, at : at + self.S] = new_kv  # the step's keys/values into its slot
+        return logits
+
+
 class OnnxPolicy:
     def __init__(
         self, export_dir: str | Path, config: PolicyConfig | None = None, threads: int | None = None, int8=False
     ):
-        import onnxruntime as ort
-
         self.dir = find_export(export_dir)
         manifest = json.loads((self.dir / "manifest.json").read_text())
-        if manifest.get("format") != "vla-onnx-policy" or manifest.get("version") != 1:
-            raise PolicyLoadError(f"{self.dir}/manifest.json: not a vla-onnx-policy v1 manifest")
+        if manifest.get("format") != "vla-onnx-policy" or manifest.get("version") != 2:
+            raise PolicyLoadError(
+                f"{self.dir}/manifest.json: not a vla-onnx-policy v2 manifest (version {manifest.get('version')}); "
+                "export again with this version's vla-export"
+            )
         self.manifest = manifest
         self.meta = {"tasks": manifest.get("tasks"), "model": manifest["model"], "data_spec": manifest["data_spec"]}
         self.spec = SimpleNamespace(**manifest["data_spec"])
@@ -81,18 +151,8 @@ class OnnxPolicy:
             raise ValueError("the onnxruntime backend decodes greedily: temperature must be 0")
         if not self.config.kv_cache:
             raise ValueError("the onnxruntime backend always streams with the KV cache (kv_cache=False is torch-only)")
-        options = ort.SessionOptions()
-        if threads is not None:
-            options.intra_op_num_threads = options.inter_op_num_threads = threads
-        providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()]
-        graphs = manifest["graphs"]
-        self._prefix = ort.InferenceSession(str(self.dir / graphs["prefix"]["file"]), options, providers=providers)
-        if int8 and "step_int8" not in graphs:
-            raise PolicyLoadError(f"{self.dir}: no int8 step graph; export with vla-export --int8")
-        step = graphs["step_int8" if int8 else "step"]["file"]
-        self._step = ort.InferenceSession(str(self.dir / step), options, providers=providers)
-        self.device = RuntimeDevice("cpu" if providers[0] == "CPUExecutionProvider" else "cuda")
-        self._state_names = manifest["state"]
+        self._streamer = OnnxStreamer(self.dir, manifest, threads, int8)
+        self.device = RuntimeDevice("cpu" if self._streamer.providers[0] == "CPUExecutionProvider" else "cuda")
         self.image_keys = manifest["image_keys"]
         self._text = _text_tokenizer_class().from_dict(manifest["tokenizers"]["text"])
         self._mean = np.asarray(manifest["proprio"]["mean"], dtype=np.float32)
@@ -100,7 +160,7 @@ class OnnxPolicy:
         centres = np.asarray(manifest["action"]["centres"], dtype=np.float64)  # (A, bins)
         self._centres64, self._centres = centres, centres.astype(np.float32)
         self._ensembler = TemporalEnsembler(self.cfg.chunk, self.config.ensemble_coeff)
-        self._state: dict[str, np.ndarray] | None = None
+        self._started = False
         self._plan: np.ndarray | None = None
         self._plan_t: int | None = None  # the step it was planned at (PolicyConfig.plan_row)
         self.t = 0
@@ -118,7 +178,8 @@ class OnnxPolicy:
         if not isinstance(instruction, str) or not instruction.strip():
             raise ValueError("reset() needs a non-empty instruction string")
         ids = self._text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L) int64
-        self._state = dict(zip(self._state_names, self._prefix.run(None, {"instruction": ids}), strict=True))
+        self._streamer.start(ids)
+        self._started = True
         self._ensembler.reset()
         self._plan, self._plan_t = None, None
         self.t = 0
@@ -142,14 +203,12 @@ class OnnxPolicy:
 
     def act_chunk(self, obs: dict) -> np.ndarray:
         """This step's action followed by the predicted next ones: (chunk - k, A) in [-1, 1] (Policy.act_chunk)."""
-        if self._state is None:
+        if not self._started:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         image, proprio = self._inputs(obs)
         t, self.t = self.t, self.t + 1
         done = self.config.plan_row(t, self._plan_t)
-        feeds = {"image": image, "proprio": proprio, "timestep": np.array([t], dtype=np.int64), **self._state}
-        logits, *state = self._step.run(None, feeds)  # every step joins the context, planned or not
-        self._state = dict(zip(self._state_names, state, strict=True))
+        logits = self._streamer.step(image, proprio, np.array([t], dtype=np.int64))  # every step joins the context
         if done and self._plan is not None:
             return self._plan[done:]
         values = self._values(logits[0])

@@ -23,7 +23,7 @@ from vla.config import ConfigError, from_dict
 from vla.dataset import Tokenizers
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.observation import check_observation
-from vla.policy_config import PolicyConfig
+from vla.policy_config import BACKENDS, PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
 from vla.text_encoder import relocated
 
@@ -187,15 +187,17 @@ def load_policy(
     `kv_cache` and `overrides` are PolicyConfig fields (readout, temporal_ensemble, n_action_steps, ...)
     that replace the values saved with the checkpoint. backend="onnxruntime": the exported graphs
     (`vla-export`; an `OnnxPolicy` with the same API, see vla/onnx_policy.py). `text_encoder`: where the
-    checkpoint's text encoder folder is on this machine, if it moved (its fingerprint must still match)."""
-    if backend == "onnxruntime":
+    checkpoint's text encoder folder is on this machine, if it moved (its fingerprint must still match).
+    backend="onnxruntime-int8": the same with the dynamically quantized step graph (`vla-export --int8`)."""
+    if backend in ("onnxruntime", "onnxruntime-int8"):
         from vla.onnx_policy import load_onnx_policy
 
         if kv_cache is not None:
             overrides["kv_cache"] = kv_cache
-        return load_onnx_policy(checkpoint_dir, threads=torch.get_num_threads(), **overrides)
+        int8 = backend == "onnxruntime-int8"
+        return load_onnx_policy(checkpoint_dir, threads=torch.get_num_threads(), int8=int8, **overrides)
     if backend != "torch":
-        raise ConfigError(f"backend {backend!r} is not one of 'torch', 'onnxruntime'")
+        raise ConfigError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     ckpt = load_checkpoint(checkpoint_dir)
     meta = ckpt.meta if text_encoder is None else relocated(ckpt.meta, text_encoder)
     if kv_cache is not None:
@@ -213,4 +215,4 @@ def load_policy(
     config = from_dict(PolicyConfig, {**saved, **overrides}, "policy")  # a bad override: the caller's error
     model = ActionTransformer(cfg, spec)
     ckpt.load_into(model)
-    return Policy(model.to(pick_device(device)), tokenizers, meta, config)
+    return Policy(model.to(pick_device(device)).for_inference(), tokenizers, meta, config)

@@ -12,6 +12,10 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Literal
 
+# What a policy can run on (`load_policy(backend=...)`, `--backend`): torch, or the vla-export graphs on
+# onnxruntime, fp32 or with the int8 step graph.
+BACKENDS = ("torch", "onnxruntime", "onnxruntime-int8")
+
 
 @dataclass
 class PolicyConfig:

@@ -184,58 +184,43 @@ class _Streaming:
 
 
 def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path, int8: bool = True) -> float:
-    """prefix.onnx, step.onnx (and with `int8` step.int8.onnx) of a model: vla-export's graphs, without a
-    checkpoint's tokenizers; returns the seconds it took. Raises vla.export.ExportError for what cannot be
-    exported."""
+    """prefix.onnx, mask.onnx, step.onnx (and with `int8` step.int8.onnx) of a model: vla-export's graphs,
+    without a checkpoint's tokenizers; returns the seconds it took. Raises vla.export.ExportError for what
+    cannot be exported."""
     import copy
 
-    from vla.export import PrefixGraph, StepGraph, _onnx_export, check_exportable, quantize_step, state_names
+    from vla.export import check_exportable, export_graphs, quantize_step
 
     model = copy.deepcopy(model).float().cpu().eval()
     check_exportable(model)
     t0 = time.perf_counter()
-    names, spec = state_names(model), model.spec
-    with torch.no_grad():
-        ids = instruction.cpu()
-        prefix = PrefixGraph(model)
-        _onnx_export(prefix, (ids,), out / "prefix.onnx", ["instruction"], names)
-        state = prefix(ids)
-        image = torch.zeros(1, spec.n_cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
-        example = (image, torch.zeros(1, spec.proprio_dim), torch.zeros(1, dtype=torch.long), *state)
-        inputs, outputs = ["image", "proprio", "timestep", *names], ["logits", *(f"next_{n}" for n in names)]
-        _onnx_export(StepGraph(model), example, out / "step.onnx", inputs, outputs)
-    if not int8:
-        return time.perf_counter() - t0
-    quantize_step(out)
+    export_graphs(model, instruction.cpu(), out)
+    if int8:
+        quantize_step(out)
     return time.perf_counter() - t0
 
 
 class _OnnxStreaming:
-    """The exported step graph on onnxruntime (fp32 or int8): the state tensors in, the next state out,
-    as `load_policy(..., backend="onnxruntime")` runs it. Inputs are numpy arrays prepared outside the timer."""
+    """The exported graphs on onnxruntime (fp32 or int8) through `OnnxStreamer`, the runtime
+    `load_policy(..., backend="onnxruntime")` steps with. Inputs are numpy arrays prepared outside the timer."""
 
-    def __init__(self, export_dir: Path, ep: _Episode, threads: int, int8: bool, device: torch.device):
-        import onnxruntime as ort
+    def __init__(self, export_dir: Path, model, ep: _Episode, threads: int, int8: bool):
+        from vla.onnx_policy import OnnxStreamer
 
-        options = ort.SessionOptions()
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-        providers = ["CPUExecutionProvider"]
-        if device.type == "cuda" and "CUDAExecutionProvider" in ort.get_available_providers():
-            providers.insert(0, "CUDAExecutionProvider")
-        prefix = ort.InferenceSession(str(export_dir / "prefix.onnx"), options, providers=providers)
-        step = "step.int8.onnx" if int8 else "step.onnx"
-        self.session = ort.InferenceSession(str(export_dir / step), options, providers=providers)
-        self.names = [i.name for i in prefix.get_outputs()]
-        self.state = dict(zip(self.names, prefix.run(None, {"instruction": ep.instruction.cpu().numpy()}), strict=True))
+        files = {"prefix": "prefix.onnx", "mask": "mask.onnx", "step": "step.onnx", "step_int8": "step.int8.onnx"}
+        manifest = {
+            "graphs": {k: {"file": f} for k, f in files.items() if (export_dir / f).exists()},
+            "model": {"instruction_len": model.cfg.instruction_len, "window": model.cfg.window},
+            "tokens_per_step": model.layout.tokens_per_step,
+        }
+        self.streamer = OnnxStreamer(export_dir, manifest, threads, int8)
+        self.streamer.start(ep.instruction.cpu().numpy())
         self.image = ep.image.cpu().numpy()  # (1, E, C, H, W, 3)
         self.proprio = ep.proprio.cpu().numpy().astype(np.float32)  # (1, E, P)
         self.logits: list[np.ndarray] = []  # (1, chunk*A, bins) per step
 
     def __call__(self, t: int) -> None:
-        feeds = {"image": self.image[:, t], "proprio": self.proprio[:, t], "timestep": np.array([t], np.int64)}
-        logits, *state = self.session.run(None, {**feeds, **self.state})
-        self.state = dict(zip(self.names, state, strict=True))
-        self.logits.append(logits)
+        self.logits.append(self.streamer.step(self.image[:, t], self.proprio[:, t], np.array([t], np.int64)))
 
 
 class _Recompute:
@@ -361,7 +346,7 @@ def onnx_methods(model, ep: _Episode, backends: list[str], threads: int, device,
         seconds = export_step_graphs(model, ep.instruction, workdir, int8="onnxruntime-int8" in wanted)
     except ExportError as e:
         return {}, {b: f"not exportable: {e}" for b in wanted}, None
-    methods = {b: _OnnxStreaming(workdir, ep, threads, b.endswith("int8"), device) for b in wanted}
+    methods = {b: _OnnxStreaming(workdir, model, ep, threads, b.endswith("int8")) for b in wanted}
     return methods, {}, seconds
 
 
@@ -392,7 +377,7 @@ def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
     K = cfg.window
     warmup = max(args.warmup if args.warmup is not None else K + 10, K)  # window full before timing
     torch.manual_seed(args.seed)
-    model = ActionTransformer(cfg, TABLETOP).to(device).eval()
+    model = ActionTransformer(cfg, TABLETOP).to(device).for_inference()  # as load_policy builds it
     lay = model.layout
     ep = _Episode(lay, warmup + args.steps, device, args.seed)
     streaming = _Streaming(model, ep, device)
