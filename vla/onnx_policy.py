@@ -102,7 +102,11 @@ class OnnxStreamer:
 
     def start(self, ids: np.ndarray) -> None:
         """Begin an episode: instruction ids (1, L) int64 through the prefix graph; the ring empty."""
-        self.state = dict(zip(self._prefix_names, self._prefix.run(None, {"instruction": ids}), strict=True))
+        state = dict(zip(self._prefix_names, self._prefix.run(None, {"instruction": ids}), strict=True))
+        self.instr_valid = state["instr_valid"]
+        self.kv = state["kv"]  # (n_layer, 2, B, H, L + K*S, hd), written in place step by step
+        # the step graph's inputs that live for the episode (the buffer is the same array throughout)
+        self._feeds = {k: v for k, v in state.items() if k in self._step_inputs}
         B = ids.shape[0]
         self.slot_timestep = np.zeros((B, self.K), np.int64)
         self.slot_valid = np.zeros((B, self.K), bool)
@@ -120,12 +124,16 @@ class OnnxStreamer:
         mask = self._masks.get(key)
         if mask is None:
             ring = {"slot_timestep": self.slot_timestep, "slot_valid": self.slot_valid, "slot": np.array([slot])}
-            feeds = {"instr_valid": self.state["instr_valid"], "timestep": timestep, **ring}
-            mask = self._masks[key] = self._mask.run(None, feeds)[0]
-        feeds = {"image": image, "proprio": proprio, "timestep": timestep, "mask": mask, **self.state}
-        logits, new_kv = self._step.run(None, {k: v for k, v in feeds.items() if k in self._step_inputs})
+            mask = self._masks[key] = self._mask.run(
+                None, {"instr_valid": self.instr_valid, "timestep": timestep, **ring}
+            )[0]
+        feeds = self._feeds
+        feeds["image"], feeds["proprio"], feeds["mask"] = image, proprio, mask
+        if "timestep" in self._step_inputs:  # absolute time encodings read it
+            feeds["timestep"] = timestep
+        logits, new_kv = self._step.run(None, feeds)
         at = self.L + slot * self.S
-        self.state["kv"][:, :, :, :, at : at + self.S] = new_kv  # the step's keys/values into its slot
+        self.kv[:, :, :, :, at : at + self.S] = new_kv  # the step's keys/values into its slot
         return logits
 
 
