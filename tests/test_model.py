@@ -294,6 +294,26 @@ def test_cache_restart_and_sampling():
     assert out.tokens.shape == (1, cfg.n_action_tokens) and (out.tokens < cfg.action_bins).all()
 
 
+def test_memoized_step_masks_equal_masks_built_every_step():
+    """KVCache.memo_mask reuses a step mask only for the same ring state: irregular timesteps (gaps, a
+    repeat, a jump back), two instructions with different padding, a batch whose rows differ in time."""
+    model = make_model(sharp=True, window=3)
+    cfg = dims(model)
+    ep = make_batch(cfg, B=2, T=16)
+    memo, fresh = model.new_cache(2), model.new_cache(2)
+    fresh.memo_mask = lambda slot, timestep, build: build(fresh.coords())  # the mask built every step
+    schedule = [0, 1, 2, 3, 7, 8, 8, 9, 20, 2, 3, 4, 5, 6, 7, 8]  # ends steady: ring states repeat
+    for instruction in (ep["instruction"], ep["instruction"].flip(0)):
+        model.start(memo, instruction)
+        model.start(fresh, instruction)
+        for t, when in enumerate(schedule):
+            timestep = torch.tensor([when, when + (t == 5)])  # at step 5 the two rows differ in time
+            a = model.step(memo, ep["image"][:, t], ep["proprio"][:, t], timestep)
+            b = model.step(fresh, ep["image"][:, t], ep["proprio"][:, t], timestep)
+            assert torch.equal(a.logits, b.logits), (instruction[:, :5], t)
+    assert 0 < len(memo._masks) < len(schedule)  # some states repeated, and were reused
+
+
 # ------------------------------------------------------------------------------------ time and order
 
 
