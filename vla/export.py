@@ -37,6 +37,7 @@ import math
 import sys
 import time
 import warnings
+from dataclasses import fields
 from pathlib import Path
 
 import numpy as np
@@ -46,9 +47,11 @@ import torch.nn.functional as F
 
 from vla.model import ActionTransformer
 from vla.model.config import PAD_ID
-from vla.model.transformer import Block, TokenCoords
+from vla.model.transformer import Block, TokenCoords, ring_coords, ring_layout
 
 MANIFEST_VERSION = 2  # 2: mask.onnx apart, step returns its own keys/values (the runtime keeps the ring)
+# the files an export writes (the int8 step only with --int8), by the names the manifest gives them
+GRAPH_FILES = {"prefix": "prefix.onnx", "mask": "mask.onnx", "step": "step.onnx", "step_int8": "step.int8.onnx"}
 PARITY_TOL = 1e-4  # fp32 actions, max abs difference over the parity rollouts
 
 
@@ -142,28 +145,21 @@ class PrefixGraph(nn.Module):
 
 
 def step_key_coords(model: ActionTransformer, instr_valid, slot_timestep, slot_valid, timestep, slot) -> TokenCoords:
-    """The keys a step attends to in the exported graphs: the whole buffer (instruction, then the K ring
-    slots) with this step's slot hidden (it still holds the evicted step), followed by this step's own S
-    tokens. `slot_timestep` / `slot_valid` (B, K) are after this step's KVCache.advance; slot (1,)."""
+    """The keys a step attends to in the exported graphs: the whole buffer (`KVCache.coords`' layout) with
+    this step's slot hidden (it still holds the evicted step), followed by this step's own S tokens.
+    `slot_timestep` / `slot_valid` (B, K) are after this step's KVCache.advance; slot (1,)."""
     L, K, S = model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step
-    B, N = instr_valid.shape[0], L + K * S
+    B = instr_valid.shape[0]
     evicted = torch.arange(K) == slot  # (K,)
-    return TokenCoords(
-        pos=torch.arange(N + S),
-        slot=torch.cat([torch.full((L,), -1, dtype=torch.long), torch.arange(K).repeat_interleave(S), slot.expand(S)]),
-        index=torch.cat([torch.arange(L), torch.arange(S).repeat(K), torch.arange(S)]),
-        time=torch.cat(
-            [
-                torch.zeros(B, L, dtype=torch.long),
-                slot_timestep.repeat_interleave(S, 1),
-                timestep[:, None].expand(B, S),
-            ],
-            1,
-        ),  # (B, N + S)
-        valid=torch.cat(
-            [instr_valid, (slot_valid & ~evicted).repeat_interleave(S, dim=1), torch.ones(B, S, dtype=torch.bool)], 1
-        ),  # (B, N + S)
+    buffer = ring_coords(ring_layout(L, K, S), instr_valid, slot_timestep, slot_valid & ~evicted)
+    own = TokenCoords(  # this step's tokens, after the buffer
+        pos=L + K * S + torch.arange(S),
+        slot=slot.expand(S),
+        index=torch.arange(S),
+        time=timestep[:, None].expand(B, S),
+        valid=torch.ones(B, S, dtype=torch.bool),
     )
+    return TokenCoords(*(torch.cat([getattr(buffer, f.name), getattr(own, f.name)], -1) for f in fields(TokenCoords)))
 
 
 class MaskGraph(nn.Module):
@@ -218,19 +214,21 @@ def export_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path
     names = prefix_outputs(model)
     with torch.no_grad():
         prefix = PrefixGraph(model)
-        _onnx_export(prefix, (instruction,), out / "prefix.onnx", ["instruction"], names)
+        _onnx_export(prefix, (instruction,), out / GRAPH_FILES["prefix"], ["instruction"], names)
         kv, instr_valid, *film = prefix(instruction)
         timestep, slot = torch.zeros(1, dtype=torch.long), torch.zeros(1, dtype=torch.long)
         ring = (torch.zeros(1, K, dtype=torch.long), torch.zeros(1, K, dtype=torch.bool))
         mask_inputs = ["instr_valid", "slot_timestep", "slot_valid", "timestep", "slot"]
-        _onnx_export(MaskGraph(model), (instr_valid, *ring, timestep, slot), out / "mask.onnx", mask_inputs, ["mask"])
+        _onnx_export(
+            MaskGraph(model), (instr_valid, *ring, timestep, slot), out / GRAPH_FILES["mask"], mask_inputs, ["mask"]
+        )
         mask = MaskGraph(model)(instr_valid, *ring, timestep, slot)
         image = torch.zeros(1, spec.n_cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
         step_inputs = ["image", "proprio", "timestep", "kv", "mask", *(["film_ctx"] if film else [])]
         _onnx_export(
             StepGraph(model),
             (image, torch.zeros(1, spec.proprio_dim), timestep, kv, mask, *film),
-            out / "step.onnx",
+            out / GRAPH_FILES["step"],
             step_inputs,
             ["logits", "new_kv"],
         )
@@ -261,7 +259,9 @@ def quantize_step(out: Path) -> None:
     level = root.level
     root.setLevel(logging.ERROR)
     try:
-        quantize_dynamic(str(out / "step.onnx"), str(out / "step.int8.onnx"), weight_type=QuantType.QInt8)
+        quantize_dynamic(
+            str(out / GRAPH_FILES["step"]), str(out / GRAPH_FILES["step_int8"]), weight_type=QuantType.QInt8
+        )
     finally:
         root.setLevel(level)
 
@@ -296,9 +296,7 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
         "format": "vla-onnx-policy",
         "version": MANIFEST_VERSION,
         "graphs": {
-            "prefix": {"file": "prefix.onnx", **_io(out / "prefix.onnx")},
-            "mask": {"file": "mask.onnx", **_io(out / "mask.onnx")},
-            "step": {"file": "step.onnx", **_io(out / "step.onnx")},
+            name: {"file": GRAPH_FILES[name], **_io(out / GRAPH_FILES[name])} for name in ("prefix", "mask", "step")
         },
         "model": asdict(cfg),
         "data_spec": asdict(spec),
@@ -312,7 +310,7 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
         "export_seconds": round(time.perf_counter() - t0, 2),
     }
     if int8:
-        manifest["graphs"]["step_int8"] = {"file": "step.int8.onnx", **_io(out / "step.int8.onnx")}
+        manifest["graphs"]["step_int8"] = {"file": GRAPH_FILES["step_int8"], **_io(out / GRAPH_FILES["step_int8"])}
     manifest["tokens_per_step"] = lay.tokens_per_step
     (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
     return manifest

@@ -19,7 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
-from vla.model.transformer import TokenCoords
+from vla.model.transformer import TokenCoords, ring_coords, ring_layout
 
 
 @dataclass
@@ -75,8 +75,7 @@ class KVCache:
         repeats with the ring); on CUDA that read would be a device sync, so it is built every step."""
         if self.kv.device.type != "cpu":
             return build(self.coords())
-        key = (slot, (timestep[:, None] - self.slot_timestep).tolist(), self.slot_valid.tolist())
-        key = (slot, *(tuple(map(tuple, part)) for part in key[1:]))
+        key = (slot, (timestep[:, None] - self.slot_timestep).numpy().tobytes(), self.slot_valid.numpy().tobytes())
         mask = self._masks.get(key)
         if mask is None:
             mask = self._masks[key] = build(self.coords())
@@ -88,22 +87,7 @@ class KVCache:
 
     def coords(self) -> TokenCoords:
         """Where every buffer position sits (for the attention rule): instruction, then the K slots. The
-        layout part is built once per cache (this runs every control step); times and validity are live."""
-        L, S, K = self.instruction_len, self.tokens_per_step, self.window
+        layout part is built once per cache; times and validity are live."""
         if self._layout is None:
-            dev = self.kv.device
-            self._layout = (
-                torch.arange(L + K * S, device=dev),
-                torch.cat([torch.full((L,), -1, device=dev), torch.arange(K, device=dev).repeat_interleave(S)]),
-                torch.cat([torch.arange(L, device=dev), torch.arange(S, device=dev).repeat(K)]),
-            )
-        pos, slot, index = self._layout
-        return TokenCoords(
-            pos=pos,
-            slot=slot,
-            index=index,
-            time=torch.cat(
-                [self.slot_timestep.new_zeros(self.batch_size, L), self.slot_timestep.repeat_interleave(S, 1)], 1
-            ),
-            valid=torch.cat([self.instr_valid, self.slot_valid.repeat_interleave(S, dim=1)], dim=1),  # (B, L + K*S)
-        )
+            self._layout = ring_layout(self.instruction_len, self.window, self.tokens_per_step, self.kv.device)
+        return ring_coords(self._layout, self.instr_valid, self.slot_timestep, self.slot_valid)

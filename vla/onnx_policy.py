@@ -61,13 +61,6 @@ def find_export(path: str | Path) -> Path:
     raise PolicyLoadError(f"{path}: no ONNX export (manifest.json) here or in export/; run vla-export --checkpoint")
 
 
-def session_options(ort, threads: int | None):
-    options = ort.SessionOptions()
-    if threads is not None:
-        options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
-    return options
-
-
 class OnnxStreamer:
     """vla-export's graphs as the streaming step: `start(ids)` then `step(image, proprio, t)` -> logits.
 
@@ -76,29 +69,27 @@ class OnnxStreamer:
     (slot, each slot's step offset, which slots are filled; the instruction's padding is fixed per
     episode); step.onnx returns the step's keys/values, written into the slot here."""
 
-    def __init__(self, export_dir: Path, manifest: dict, threads: int | None = None, int8: bool = False):
+    def __init__(self, export_dir: Path, files: dict, ring: tuple, threads: int | None = None, int8: bool = False):
+        """files: graph name (prefix, mask, step, step_int8) -> file in export_dir; ring: (L, K, S), the
+        instruction length, the window and the tokens per step."""
         import onnxruntime as ort
 
-        options = session_options(ort, threads)
-        self.providers = [
-            p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in ort.get_available_providers()
-        ]
-        graphs = manifest["graphs"]
-        if int8 and "step_int8" not in graphs:
+        options = ort.SessionOptions()
+        if threads is not None:
+            options.intra_op_num_threads, options.inter_op_num_threads = threads, 1
+        available = ort.get_available_providers()
+        self.providers = [p for p in ("CUDAExecutionProvider", "CPUExecutionProvider") if p in available]
+        if int8 and "step_int8" not in files:
             raise PolicyLoadError(f"{export_dir}: no int8 step graph; export with vla-export --int8")
 
         def session(name: str):
-            return ort.InferenceSession(str(export_dir / graphs[name]["file"]), options, providers=self.providers)
+            return ort.InferenceSession(str(export_dir / files[name]), options, providers=self.providers)
 
-        self._prefix, self._mask, self._step = (
-            session("prefix"),
-            session("mask"),
-            session("step_int8" if int8 else "step"),
-        )
+        self._prefix, self._mask = session("prefix"), session("mask")
+        self._step = session("step_int8" if int8 else "step")
         self._prefix_names = [o.name for o in self._prefix.get_outputs()]
         self._step_inputs = {i.name for i in self._step.get_inputs()}
-        cfg = manifest["model"]
-        self.L, self.K, self.S = cfg["instruction_len"], cfg["window"], manifest["tokens_per_step"]
+        self.L, self.K, self.S = ring
 
     def start(self, ids: np.ndarray) -> None:
         """Begin an episode: instruction ids (1, L) int64 through the prefix graph; the ring empty."""
@@ -159,7 +150,9 @@ class OnnxPolicy:
             raise ValueError("the onnxruntime backend decodes greedily: temperature must be 0")
         if not self.config.kv_cache:
             raise ValueError("the onnxruntime backend always streams with the KV cache (kv_cache=False is torch-only)")
-        self._streamer = OnnxStreamer(self.dir, manifest, threads, int8)
+        files = {name: graph["file"] for name, graph in manifest["graphs"].items()}
+        ring = (self.cfg.instruction_len, self.cfg.window, manifest["tokens_per_step"])
+        self._streamer = OnnxStreamer(self.dir, files, ring, threads, int8)
         self.device = RuntimeDevice("cpu" if self._streamer.providers[0] == "CPUExecutionProvider" else "cuda")
         self.image_keys = manifest["image_keys"]
         self._text = _text_tokenizer_class().from_dict(manifest["tokenizers"]["text"])

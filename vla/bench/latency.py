@@ -205,15 +205,11 @@ class _OnnxStreaming:
     `load_policy(..., backend="onnxruntime")` steps with. Inputs are numpy arrays prepared outside the timer."""
 
     def __init__(self, export_dir: Path, model, ep: _Episode, threads: int, int8: bool):
+        from vla.export import GRAPH_FILES
         from vla.onnx_policy import OnnxStreamer
 
-        files = {"prefix": "prefix.onnx", "mask": "mask.onnx", "step": "step.onnx", "step_int8": "step.int8.onnx"}
-        manifest = {
-            "graphs": {k: {"file": f} for k, f in files.items() if (export_dir / f).exists()},
-            "model": {"instruction_len": model.cfg.instruction_len, "window": model.cfg.window},
-            "tokens_per_step": model.layout.tokens_per_step,
-        }
-        self.streamer = OnnxStreamer(export_dir, manifest, threads, int8)
+        ring = (model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step)
+        self.streamer = OnnxStreamer(export_dir, GRAPH_FILES, ring, threads, int8)
         self.streamer.start(ep.instruction.cpu().numpy())
         self.image = ep.image.cpu().numpy()  # (1, E, C, H, W, 3)
         self.proprio = ep.proprio.cpu().numpy().astype(np.float32)  # (1, E, P)

@@ -48,6 +48,28 @@ class TokenCoords:
         return TokenCoords(self.pos[rows], self.slot[rows], self.index[rows], self.time[:, rows], self.valid[:, rows])
 
 
+def ring_layout(L: int, K: int, S: int, device=None) -> tuple[torch.Tensor, torch.Tensor, torch.Tensor]:
+    """(pos, slot, index) of the buffer [instruction (L) | slot 0 (S) | ... | slot K-1 (S)], each (L + K*S,)."""
+    return (
+        torch.arange(L + K * S, device=device),
+        torch.cat([torch.full((L,), -1, device=device), torch.arange(K, device=device).repeat_interleave(S)]),
+        torch.cat([torch.arange(L, device=device), torch.arange(S, device=device).repeat(K)]),
+    )
+
+
+def ring_coords(layout: tuple, instr_valid, slot_timestep, slot_valid) -> TokenCoords:
+    """The buffer's coordinates from its layout and the ring's state: instr_valid (B, L), slot_timestep and
+    slot_valid (B, K). Used by `KVCache` (vla/kv_cache.py) and the exported graphs (vla/export.py)."""
+    S = (layout[0].shape[0] - instr_valid.shape[1]) // slot_valid.shape[1]
+    return TokenCoords(
+        pos=layout[0],
+        slot=layout[1],
+        index=layout[2],
+        time=torch.cat([slot_timestep.new_zeros(instr_valid.shape), slot_timestep.repeat_interleave(S, 1)], 1),
+        valid=torch.cat([instr_valid, slot_valid.repeat_interleave(S, dim=1)], dim=1),  # (B, L + K*S)
+    )
+
+
 def attention_mask(
     q: TokenCoords,
     k: TokenCoords,
