@@ -8,12 +8,16 @@ from __future__ import annotations
 
 import numpy as np
 
+from envs.scene import BLOCK_HALF_M, MAX_STEP_M
 from envs.tasks.base import CLOSE, RADIUS, Expert, Layout, Task, move_toward, sample_layout, segment_clearance
 
 SUCCESS_M = 0.025  # block centre within this distance of the target's centre
 PUSH_Z = 0.018  # grip height while pushing (the fingertips skim the table)
 TRAVEL_Z = 0.07  # grip height when repositioning behind the block
 BEHIND_M = 0.045  # grip point's distance behind the block's centre when in contact
+PUSH_SPEED = 0.7  # the pushing step's largest component: slower pushes keep the block on its line
+CLEAR_Z = 2 * BLOCK_HALF_M + 0.015  # below this the fingers can hit a block on the way
+SWEEP_M = BLOCK_HALF_M * 1.4 + 0.01  # a low path closer than this to the block's centre would hit it
 
 
 class Push(Task):
@@ -67,15 +71,19 @@ class Push(Task):
 
 
 class PushExpert(Expert):
-    """Markovian: the action is a function of the current scene alone, with no hidden phase.
+    """Markovian and continuous where it can be: the action is a function of the current scene alone,
+    and the commanded height changes smoothly with the distance to the push spot.
 
-    A policy that sees the scene can then learn the expert exactly (every state has one action), and the
-    decision regions are wide, so a policy's small drift stays inside the same behaviour instead of
-    flipping between "push" and "go round again":
-    - low and behind the block, near its line to the target: push toward the spot the grip point will
-      be at when the block sits on the target (steering back onto the line on the way);
-    - above the spot behind the block: descend onto it;
-    - low anywhere else: rise straight up; otherwise travel to above that spot at the safe height.
+    A policy that imitates the expert averages its labels over the states it cannot tell apart
+    (centimetres, at 64 px), so a label that jumps on a threshold becomes a compromise nobody showed:
+    the old expert rose straight up when low and more than 1.5 cm from the spot and dropped when
+    within it, and the cloned policy hovered at the average, pushing the block with its fingertips
+    4 cm up. Here:
+    - low, behind the block and near its line to the target: push toward the grip point's position
+      when the block sits on the target (steering back onto the line on the way);
+    - otherwise head for the spot behind the block, at a height that ramps from the push height at
+      the spot to the travel height 4 cm away, so the descent starts while still moving;
+    - unless that path, taken low, would sweep the block: then rise straight up first.
     """
 
     def plan(self):
@@ -89,12 +97,21 @@ class PushExpert(Expert):
         rel = ee[:2] - block
         along = float(np.dot(rel, direction))  # negative when the gripper is behind the block
         lateral = float(abs(rel[0] * direction[1] - rel[1] * direction[0]))
-        behind_block = -BEHIND_M - 0.03 < along < -BEHIND_M + 0.02 and lateral < 0.02
+        behind_block = -BEHIND_M - 0.04 < along < -0.012 and lateral < 0.02
 
-        if behind_block and ee[2] < PUSH_Z + 0.012:
-            return move_toward(scene, [*(target - direction * BEHIND_M), PUSH_Z], CLOSE, gain=0.6)
-        if np.linalg.norm(ee[:2] - spot) < 0.015:
-            return move_toward(scene, [*spot, PUSH_Z], CLOSE)
-        if ee[2] < TRAVEL_Z - 0.02:
+        if behind_block and ee[2] < PUSH_Z + 0.02:
+            return _toward(scene, [*(target - direction * BEHIND_M), PUSH_Z], gain=0.6, top_speed=PUSH_SPEED)
+        to_spot = float(np.linalg.norm(ee[:2] - spot))
+        height = PUSH_Z + (TRAVEL_Z - PUSH_Z) * np.clip((to_spot - 0.01) / 0.04, 0.0, 1.0)
+        beside_or_ahead = along > -BEHIND_M + 0.01
+        if ee[2] < CLEAR_Z and beside_or_ahead and segment_clearance(ee[:2], spot, [block]) < SWEEP_M:
             return move_toward(scene, [*ee[:2], TRAVEL_Z], CLOSE)  # rise before moving across
-        return move_toward(scene, [*spot, TRAVEL_Z], CLOSE)
+        return _toward(scene, [*spot, height])
+
+
+def _toward(scene, goal, gain: float = 1.0, top_speed: float = 1.0) -> np.ndarray:
+    """`move_toward` with the step scaled down as a vector, not clipped per axis, so the direction of
+    travel is kept (clipping bends a diagonal push toward 45 degrees and off the block's line)."""
+    delta = (np.asarray(goal) - scene.ee_pos) / MAX_STEP_M * gain
+    delta = delta * min(1.0, top_speed / max(float(np.abs(delta).max()), 1e-9))
+    return np.array([*delta, CLOSE], dtype=np.float32)
