@@ -235,3 +235,37 @@ def test_push_expert_is_markovian():
             break
     assert compared >= 10 and base.scene.ee_pos[2] < 0.1  # it got as far as pushing
     env.close()
+
+
+def test_push_expert_descends_smoothly_near_the_push_spot():
+    # A cloned policy averages the expert's labels over states it cannot tell apart, so the commanded
+    # height must not jump on a threshold: the old expert rose at full speed 1.5 cm from the spot and
+    # dropped at full speed inside it, and the policy learned to hover between. Sweep the real gripper
+    # across the spot in 5 mm steps at 4.5 cm up and read the expert's z label at each step.
+    from envs.tasks.base import move_toward
+    from envs.tasks.push import BEHIND_M
+
+    env = gym.make("tabletop/Push-v0", image_size=64)
+    base = env.unwrapped
+    env.reset(seed=3)
+    expert = envs.make_expert(env)
+    block = base.scene.block_pos(base.layout.roles["block"])[:2]
+    target = base.layout.target_xy[base.layout.roles["target"]]
+    direction = (target - block) / np.linalg.norm(target - block)
+    side = np.array([-direction[1], direction[0]])
+    spot = block - direction * (BEHIND_M + 0.01)
+    start, end = spot + 0.05 * side, spot - 0.05 * side
+    for _ in range(40):  # fly to the start of the sweep
+        base.scene.apply_action(move_toward(base.scene, [*start, 0.045], 1.0))
+        base.scene.step_physics()
+    labels, passed = [], []
+    for _ in range(24):
+        labels.append(expert.plan()[2])
+        passed.append(float(np.linalg.norm(base.scene.ee_pos[:2] - spot)))
+        step = np.clip((end - base.scene.ee_pos[:2]) / 0.02, -0.25, 0.25)
+        base.scene.apply_action(np.array([*step, (0.045 - base.scene.ee_pos[2]) / 0.02, 1.0]))
+        base.scene.step_physics()
+    assert min(passed) < 0.014 and max(passed) > 0.04  # it passed within the old 1.5 cm threshold
+    assert max(labels) > 0.3 and min(labels) < -0.5  # far: up toward travel height; at the spot: down
+    assert np.max(np.abs(np.diff(labels))) < 0.6
+    env.close()
