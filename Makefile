@@ -16,7 +16,7 @@ export MUJOCO_GL ?= egl
 
 .PHONY: setup demo test lint bench clean-demo help metaworld
 help:
-	@echo "make demo   collect demos, train, evaluate and deploy the demo policy (CPU, ~35 min on 2 cores)"
+	@echo "make demo   collect demos, train, evaluate and deploy the demo policy (CPU, ~30 min on 2 cores)"
 	@echo "make test   run the test suite (what CI runs)"
 	@echo "make lint   ruff check"
 	@echo "make bench  vla-bench: latency, train, data and collect figures side by side with peers"
