@@ -128,11 +128,20 @@ class Task:
         return self.templates[rng.integers(len(self.templates))].format(**words)
 
 
-def move_toward(scene: sc.TabletopScene, goal: np.ndarray, gripper: float, gain: float = 1.0) -> np.ndarray:
-    """A proportional step of the end effector toward `goal` (metres), as a [-1, 1] action."""
+def move_toward(
+    scene: sc.TabletopScene, goal: np.ndarray, gripper: float, gain: float = 1.0, top_speed: float | None = None
+) -> np.ndarray:
+    """A proportional step of the end effector toward `goal` (metres), as a [-1, 1] action.
+
+    By default each axis is clipped to [-1, 1] on its own; with `top_speed` the step is scaled down as
+    a vector until its largest component is at most `top_speed`, which keeps the direction of travel
+    (clipping bends a long diagonal move toward 45 degrees)."""
     delta = (np.asarray(goal) - scene.ee_pos) / sc.MAX_STEP_M * gain
     action = np.empty(4, dtype=np.float32)
-    action[:3] = np.clip(delta, -1.0, 1.0)
+    if top_speed is None:
+        action[:3] = np.clip(delta, -1.0, 1.0)
+    else:
+        action[:3] = delta * min(1.0, top_speed / max(float(np.abs(delta).max()), 1e-9))
     action[3] = gripper
     return action
 

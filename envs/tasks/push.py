@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.scene import BLOCK_HALF_M, MAX_STEP_M
+from envs.scene import BLOCK_HALF_M
 from envs.tasks.base import CLOSE, RADIUS, Expert, Layout, Task, move_toward, sample_layout, segment_clearance
 
 SUCCESS_M = 0.025  # block centre within this distance of the target's centre
@@ -84,6 +84,8 @@ class PushExpert(Expert):
     - otherwise head for the spot behind the block, at a height that ramps from the push height at
       the spot to the travel height 4 cm away, so the descent starts while still moving;
     - unless that path, taken low, would sweep the block: then rise straight up first.
+    Steps keep their direction (`move_toward`'s `top_speed`): per-axis clipping bent diagonal pushes
+    off the block's line.
     """
 
     def plan(self):
@@ -100,18 +102,11 @@ class PushExpert(Expert):
         behind_block = -BEHIND_M - 0.04 < along < -0.012 and lateral < 0.02
 
         if behind_block and ee[2] < PUSH_Z + 0.02:
-            return _toward(scene, [*(target - direction * BEHIND_M), PUSH_Z], gain=0.6, top_speed=PUSH_SPEED)
+            push_to = [*(target - direction * BEHIND_M), PUSH_Z]
+            return move_toward(scene, push_to, CLOSE, gain=0.6, top_speed=PUSH_SPEED)
         to_spot = float(np.linalg.norm(ee[:2] - spot))
         height = PUSH_Z + (TRAVEL_Z - PUSH_Z) * np.clip((to_spot - 0.01) / 0.04, 0.0, 1.0)
         beside_or_ahead = along > -BEHIND_M + 0.01
         if ee[2] < CLEAR_Z and beside_or_ahead and segment_clearance(ee[:2], spot, [block]) < SWEEP_M:
             return move_toward(scene, [*ee[:2], TRAVEL_Z], CLOSE)  # rise before moving across
-        return _toward(scene, [*spot, height])
-
-
-def _toward(scene, goal, gain: float = 1.0, top_speed: float = 1.0) -> np.ndarray:
-    """`move_toward` with the step scaled down as a vector, not clipped per axis, so the direction of
-    travel is kept (clipping bends a diagonal push toward 45 degrees and off the block's line)."""
-    delta = (np.asarray(goal) - scene.ee_pos) / MAX_STEP_M * gain
-    delta = delta * min(1.0, top_speed / max(float(np.abs(delta).max()), 1e-9))
-    return np.array([*delta, CLOSE], dtype=np.float32)
+        return move_toward(scene, [*spot, height], CLOSE, top_speed=1.0)
