@@ -239,7 +239,9 @@ class ActionTransformer(nn.Module):
         if self.aux_embed is not None:  # given, not trained through: the prediction learns from its target
             prop = prop + self.aux_embed(aux_pred.detach())
         act = vision.tokens.new_zeros(B, T, self.layout.n_action_tokens, self.cfg.d_model)  # (B, T, chunk*A, d)
-        if self.action_embed is not None and actions is not None and act.shape[2] > 1:
+        # only autoregressive slots are fed the previous bin; a parallel model's targets are labels, never
+        # inputs (with committed_actions it owns an action table too, read only for `committed`)
+        if self.cfg.action_decoding == "autoregressive" and actions is not None and act.shape[2] > 1:
             prev = actions[:, :, :-1]  # (B, T, chunk*A - 1): slot j holds bin j-1 (GPT shift); -1 = no value
             act[:, :, 1:] = self.action_embed(prev.clamp(min=0)) * (prev >= 0)[..., None]
         if self.cfg.committed_actions and committed is not None:  # later slots see these through the causal mask
