@@ -31,10 +31,10 @@ class StampPolicy:
 
     action_dim = 4
 
-    def __init__(self, chunk=6, committed_slots=False, window=1):
+    def __init__(self, chunk=6, committed_slots=False):
         self.chunk, self.t = chunk, 0
         self.calls: list[tuple[int, np.ndarray | None]] = []
-        self.cfg = type("Cfg", (), {"committed_actions": committed_slots, "window": window})()
+        self.cfg = type("Cfg", (), {"committed_actions": committed_slots})()
 
     def reset(self, instruction):
         self.t = 0
@@ -111,21 +111,6 @@ def test_delay_aware_commits_exactly_the_actions_that_execute_while_it_thinks():
         np.testing.assert_array_equal(committed, sent[tick : tick + D])  # what ticks tick..tick+D-1 executed
     plain = drive(DelayedPolicy(StampPolicy(chunk=6), "chunk", delay=D, execute=S), 16)
     np.testing.assert_array_equal(sent, plain)  # same schedule as chunk (a stand-in copies committed rows)
-
-
-def test_the_ticks_skipped_while_thinking_join_the_window_before_the_next_inference():
-    """The model was trained on windows of consecutive steps: before an inference on tick k the policy
-    sees the window - 1 ticks before k (their chunks are discarded), not a previous step d ticks old."""
-    D = 4
-    stamp = StampPolicy(chunk=8, window=3)
-    sent = drive(DelayedPolicy(stamp, "chunk", delay=D), 17)
-    assert [t for t, _ in stamp.calls] == [0, 2, 3, 4, 6, 7, 8, 10, 11, 12, 14, 15, 16]  # inferences at 0, 4, 8 ...
-    for k in range(D, 17):
-        j = k - D - (k - D) % D  # only the inferences' chunks execute, never a feed's
-        np.testing.assert_array_equal(sent[k], [j, k - j, 0, GRIP])
-    fed = StampPolicy(chunk=8, window=3)
-    drive(DelayedPolicy(fed, "chunk", delay=1, execute=1), 6)  # an inference every tick: nothing to add
-    assert [t for t, _ in fed.calls] == [0, 1, 2, 3, 4, 5]
 
 
 def test_strategy_names_and_bad_settings():

@@ -7,9 +7,7 @@ Each `act(obs)` call is one control tick k. An inference the strategy starts at 
 on obs_k at once but hands its chunk to the strategy only at tick k + delay, so in the meantime the
 environment keeps stepping with the actions the strategy had already committed (`vla.strategies`).
 Nothing here reads a clock: the outcome depends only on the seeds, never on the machine's speed.
-One inference runs at a time, as on a robot with one accelerator. The ticks an inference skipped join
-the model's window before the next one (a camera frame is kept every tick), so the window holds
-consecutive steps as in training, not a previous step d ticks old.
+One inference runs at a time, as on a robot with one accelerator.
 
 A hold (the strategy has nothing to execute) sends zero motion with the gripper where it was: the
 last dim of the action is the gripper set-point in every task of this suite (tabletop and Meta-World).
@@ -45,8 +43,6 @@ class DelayedPolicy:
                 f"strategy 'delay_aware' needs a policy that takes committed actions, not a {type(policy).__name__}"
             )
         self.policy, self.delay = policy, delay
-        model_cfg = getattr(policy, "cfg", None)
-        self._context = max(1, int(getattr(model_cfg, "window", 1)))  # steps in the model's window
         self.reset_state()
 
     def __getattr__(self, name):  # spec, meta, device, config, chunk, action_dim: the wrapped policy's
@@ -58,8 +54,6 @@ class DelayedPolicy:
         self.tick = 0
         self._pending: tuple[int, np.ndarray] | None = None  # (obs tick, chunk) of the inference under way
         self.executed: list[np.ndarray] = []
-        self._seen: list[dict] = []  # the observations of the last window - 1 ticks, oldest first
-        self._fed = -1  # the last tick whose observation the policy has seen
         self.chunk_ticks: list[int] = []  # per tick: the obs tick of the chunk the action came from, -1 = hold
 
     def reset(self, instruction: str) -> None:
@@ -68,29 +62,15 @@ class DelayedPolicy:
         self.reset_state()
 
     def _infer(self, obs: dict, k: int) -> np.ndarray:
-        # the window the model was trained on holds consecutive steps: the ticks skipped since the last
-        # inference join the context first (their decoded chunks are discarded), as a robot that keeps
-        # every camera frame would do, instead of a window whose previous step is d ticks old
-        for j in range(max(self._fed + 1, k - self._context + 1), k):
-            self._feed(self._seen[j - k - 1], j)
-        self._fed = k
-        self._feed_time(k)
+        if hasattr(self.policy, "t"):
+            self.policy.t = k  # the model's step index follows the ticks, also across the ones it skipped
         committed = self.strategy.committed(k, self.delay)
         if committed is None:
             return np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
         return np.asarray(self.policy.act_chunk(obs, committed=committed), dtype=np.float32)
 
-    def _feed_time(self, k: int) -> None:
-        if hasattr(self.policy, "t"):
-            self.policy.t = k  # the model's step index follows the ticks
-
-    def _feed(self, obs: dict, k: int) -> None:
-        self._feed_time(k)
-        self.policy.act_chunk(obs)
-
     def act(self, obs: dict) -> np.ndarray:
         k, s = self.tick, self.strategy
-        self._seen = [*self._seen, obs][-self._context :]
         if self._pending is not None and self._pending[0] + self.delay <= k:
             s.receive(*self._pending, k)
             self._pending = None
