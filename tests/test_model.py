@@ -140,15 +140,16 @@ def test_parallel_slots_never_see_the_targets(committed_actions):
     """A parallel model predicts the whole chunk at once: the targets (batch["actions"]) are labels, not
     inputs, also when its slots can hold committed bins (those come only from batch["committed"])."""
     model = make_model(chunk=2, action_decoding="parallel", committed_actions=committed_actions)
-    batch = make_batch(dims(model))
+    cfg = dims(model)
+    A, batch = cfg.action_dim, make_batch(cfg)
     ref = model(batch)["logits"]
-    other = dict(batch, actions=(batch["actions"] + 7) % dims(model).action_bins)
+    other = dict(batch, actions=(batch["actions"] + 7) % cfg.action_bins)
     assert torch.equal(model(other)["logits"], ref)
     if committed_actions:  # the committed bins are read: the first row given changes the second row's logits
         committed = torch.full_like(batch["actions"], -1)
-        committed[:, :, : dims(model).action_dim] = batch["actions"][:, :, : dims(model).action_dim]
+        committed[:, :, :A] = batch["actions"][:, :, :A]
         out = model(dict(batch, committed=committed))["logits"]
-        assert not torch.allclose(out[:, :, dims(model).action_dim :], ref[:, :, dims(model).action_dim :], atol=1e-5)
+        assert not torch.allclose(out[:, :, A:], ref[:, :, A:], atol=1e-5)
 
 
 def test_step_scope_observations_see_only_their_step_and_the_instruction():
