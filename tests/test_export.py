@@ -48,9 +48,10 @@ def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint, time_encodi
     cache = model.new_cache(1)
     model.start(cache, ids)
     with torch.no_grad():
-        kv, instr_valid, film_ctx = PrefixGraph(model)(ids)
+        kv, instr_valid, film = PrefixGraph(model)(ids)
     torch.testing.assert_close(kv[:, :, :, :, :12], cache.kv[:, :, :, :, :12], atol=1e-6, rtol=0)
-    torch.testing.assert_close(film_ctx, cache.film_ctx, atol=1e-6, rtol=0)
+    torch.testing.assert_close(film, cache.film_ctx, atol=1e-6, rtol=0)
+    layers = kv[:, :, 0].flatten(0, 1)  # (n_layer*2, H, N, hd): k0, v0, k1, ... as the runtime feeds them
     slot_timestep, slot_valid = torch.zeros(1, K, dtype=torch.long), torch.zeros(1, K, dtype=torch.bool)
     for t in range(2 * K + 1):
         image = torch.from_numpy(rng.integers(0, 256, (1, 1, spec.image_size, spec.image_size, 3), dtype=np.uint8))
@@ -60,11 +61,11 @@ def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint, time_encodi
         slot = t % K
         slot_timestep[:, slot], slot_valid[:, slot] = timestep, True
         with torch.no_grad():
-            mask = MaskGraph(model)(instr_valid, slot_timestep, slot_valid, timestep, torch.tensor([slot]))
-            logits, new_kv = StepGraph(model)(image, proprio, timestep, kv, mask, film_ctx)
-        kv[:, :, :, :, L + slot * S : L + (slot + 1) * S] = new_kv
+            mask = MaskGraph(model)(instr_valid, slot_timestep, slot_valid, timestep, torch.tensor([slot]))[0]
+            logits, *new_kv = StepGraph(model)(image, proprio, timestep, mask, film, *layers.unbind(0))
+        layers[:, :, L + slot * S : L + (slot + 1) * S] = torch.stack(new_kv)  # (n_layer*2, H, S, hd)
         torch.testing.assert_close(logits, want.logits, atol=1e-5, rtol=0)
-        torch.testing.assert_close(kv, cache.kv, atol=1e-5, rtol=0)
+        torch.testing.assert_close(kv, cache.kv, atol=1e-5, rtol=0)  # `layers` is a view of kv
         assert torch.equal(slot_timestep, cache.slot_timestep) and torch.equal(slot_valid, cache.slot_valid)
 
 
@@ -100,7 +101,12 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     assert all(0 <= d < 1 for d in int8) and max(int8) > 0
     assert (out / "step.int8.onnx").stat().st_size < (out / "step.onnx").stat().st_size
     step_inputs = {io["name"]: io["shape"] for io in manifest["graphs"]["step"]["inputs"]}
-    assert step_inputs["image"] == [1, 1, 64, 64, 3] and {"kv", "mask"} <= set(step_inputs)
+    assert step_inputs["image"] == [1, 1, 64, 64, 3] and "mask" in step_inputs
+    N = 12 + 3 * manifest["tokens_per_step"]  # configs/tiny.yaml: instruction 12, window 3, 2 heads of 16
+    assert {name: step_inputs[name] for name in ("k0", "v0", "k1", "v1")} == dict.fromkeys(
+        ("k0", "v0", "k1", "v1"), [2, N, 16]
+    )
+    assert not {"k2", "kv"} & set(step_inputs)  # one K and one V per layer, nothing else
     mask_inputs = {io["name"] for io in manifest["graphs"]["mask"]["inputs"]}
     assert mask_inputs == {"instr_valid", "slot_timestep", "slot_valid", "timestep", "slot"}
     assert {"text", "action", "proprio"} <= set(manifest["tokenizers"])

@@ -1,24 +1,29 @@
-"""vla-export: the streaming policy as two ONNX graphs and a JSON manifest, runnable without torch.
+"""vla-export: the streaming policy as three ONNX graphs and a JSON manifest, runnable without torch.
 
     vla-export --checkpoint runs/demo                      # writes runs/demo/export/
     policy = load_policy("runs/demo", backend="onnxruntime")
 
 Files written (`--out`, default CHECKPOINT/export/):
 - prefix.onnx: instruction ids (1, L) -> every layer's KV buffer with the instruction prefix's keys/values
-  at [0, L) (zeros elsewhere), the instruction's validity, and the FiLM context when the model has one.
+  at [0, L) (zeros elsewhere), the instruction's validity, and the FiLM conditioning of the stem (every
+  stage's per-channel scale and shift and the keypoint queries) when the model has FiLM.
 - mask.onnx: the ring's state after a step's advance (slot timesteps and validity, the instruction's
   validity, the step's timestep and slot) -> that step's attention mask, by the model's one rule. It
   depends on nothing else, so the runtime computes it once per distinct ring state and reuses it.
 - step.onnx: one control step: image (1, C, H, W, 3) uint8, proprio (1, P) normalized, timestep (1,),
-  the KV buffer, the mask (and the FiLM context) -> action logits (1, chunk*A, bins) and the step's own
-  keys/values, which the runtime writes into the step's ring slot: the ring bookkeeping of `KVCache`
-  (which slot, eviction) lives in the runtime, `vla.onnx_policy.OnnxStreamer`, a few numpy lines.
+  the mask, the FiLM conditioning, and each layer's K and V buffer -> action logits (1, chunk*A, bins) and
+  each layer's keys and values of this step, which the runtime writes into the step's ring slot: the ring
+  bookkeeping of `KVCache` (which slot, eviction) lives in the runtime, `vla.onnx_policy.OnnxStreamer`.
 - manifest.json: graph inputs/outputs (names, shapes, dtypes), the tokenizers, proprio normalization,
   action decoding (bin centres, readout), the policy and model configurations, and the parity figures.
 
 Why three graphs and not one: measured on the demo model (1 thread, onnxruntime 1.x), the mask computed
 inside the step graph cost ~1.4 ms of a 4.8 ms step and rewriting the whole KV buffer ~0.4 ms; as a
-memoized graph and an appended key block they cost nothing per step.
+memoized graph and an appended key block they cost nothing per step. Inside the step graph every op is
+paid per call (onnxruntime's small kernels cost microseconds each whatever their size), so the graph is
+batch-free (2-D activations: a linear layer is one Gemm, no reshapes around it), takes one K and one V
+per layer (no slicing of a stacked buffer) and reads the FiLM scales, shifts and queries computed once in
+the prefix graph: 297 -> 195 kernels after onnxruntime's own fusions on the demo model.
 
 The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
 that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
@@ -48,8 +53,8 @@ import torch.nn.functional as F
 from vla.model import ActionTransformer
 from vla.model.config import PAD_ID
 from vla.model.transformer import Block, TokenCoords, ring_coords, ring_layout
+from vla.onnx_policy import MANIFEST_VERSION
 
-MANIFEST_VERSION = 2  # 2: mask.onnx apart, step returns its own keys/values (the runtime keeps the ring)
 # the files an export writes (the int8 step only with --int8), by the names the manifest gives them
 GRAPH_FILES = {"prefix": "prefix.onnx", "mask": "mask.onnx", "step": "step.onnx", "step_int8": "step.int8.onnx"}
 PARITY_TOL = 1e-4  # fp32 actions, max abs difference over the parity rollouts
@@ -83,35 +88,38 @@ def check_exportable(model: ActionTransformer, policy_config=None) -> None:
         )
 
 
-def _block(block: Block, x, mask, k, v, rows: slice | None):
-    """`Block.forward` on keys/values given explicitly: x (B, n, d) the block input, k/v (B, H, N, hd) every
-    key the queries see (this step's already written in), mask (B, H|1, n, N) -> (B, n|r, d)."""
+def _block(block: Block, x, mask, cache=None, rows: slice | None = None):
+    """`Block.forward` for batch 1 with the keys/values given explicitly: x (n, d) the block input, mask
+    (H|1, n, N + n), cache (k, v) (H, N, hd) each the keys before this input's own (None: there are none)
+    -> the output (n|r, d) and this input's keys/values (H, n, hd) each. Batch-free 2-D tensors: every
+    linear layer is one Gemm, with no reshapes around it, and the runtime keeps one K and one V per layer."""
     a = block.attn
-    B, _, d = x.shape
-    q = _qkv(block, x)[0]  # (B, H, n, hd)
+    q, k_new, v_new = _qkv(block, x)  # (H, n, hd) each
+    k, v = (k_new, v_new) if cache is None else (torch.cat([cache[0], k_new], 1), torch.cat([cache[1], v_new], 1))
     if rows is not None:
-        q, mask = q[:, :, rows], mask[..., rows, :]  # (B, H, r, hd), (.., r, N)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(a.head_dim)) + mask.to(q.dtype)  # (B, H, r, N)
+        q, mask, x = q[:, rows], mask[:, rows], x[rows]  # (H, r, hd), (H|1, r, N + n), (r, d)
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(a.head_dim)) + mask.to(q.dtype)  # (H, r, N + n)
     # Masked (-inf) and far-below-the-maximum scores exponentiate to denormals, which onnxruntime's CPU
     # softmax computes ~5x slower than normal numbers (measured: 130 vs 25 us for one layer's scores);
     # floored at 80 below the row's maximum their weight is < 2e-35 of it, zero to float precision.
     scores = torch.maximum(scores, scores.amax(-1, keepdim=True) - 80.0)
-    y = scores.softmax(-1) @ v  # (B, H, r, hd): scaled_dot_product_attention's math, written out
-    y = y.transpose(1, 2).reshape(B, q.shape[2], d)  # (B, r, d)
-    x = (x if rows is None else x[:, rows]) + a.c_proj(y)
-    return x + block.mlp(block.ln_2(x))
+    y = scores.softmax(-1) @ v  # (H, r, hd): scaled_dot_product_attention's math, written out
+    y = y.transpose(0, 1).reshape(q.shape[1], -1)  # (r, d)
+    x = x + a.c_proj(y)
+    return x + block.mlp(block.ln_2(x)), (k_new, v_new)
 
 
 def _qkv(block: Block, x):
-    """(B, n, d) -> (3, B, H, n, hd): the block's queries, keys and values of its normed input."""
+    """(n, d) -> the block's queries, keys and values of its normed input, (H, n, hd) each."""
     a = block.attn
-    B, n, _ = x.shape
-    return a.c_attn(block.ln_1(x)).view(B, n, 3, a.n_head, a.head_dim).permute(2, 0, 3, 1, 4)
+    qkv = a.c_attn(block.ln_1(x)).view(x.shape[0], 3 * a.n_head, a.head_dim).transpose(0, 1)  # (3H, n, hd)
+    return qkv.split(a.n_head, dim=0)
 
 
 class PrefixGraph(nn.Module):
     """`ActionTransformer.start` as a function: instruction ids (1, L) -> the KV buffer of every layer with
-    the prefix's keys/values at [0, L) (zeros elsewhere), the instruction's validity (and the FiLM context)."""
+    the prefix's keys/values at [0, L) (zeros elsewhere), the instruction's validity (and the FiLM
+    conditioning of the stem, `ActionTransformer.instruction_context`)."""
 
     def __init__(self, model: ActionTransformer):
         super().__init__()
@@ -129,18 +137,17 @@ class PrefixGraph(nn.Module):
             time=torch.zeros(B, L, dtype=torch.long),
             valid=valid,
         )
-        mask = m.mask(prefix, prefix)  # (B, 1, L, L)
-        x = m.embed_instruction(instruction)  # (B, L, d)
+        mask = m.mask(prefix, prefix)[0]  # (1, L, L)
+        x = m.embed_instruction(instruction)[0]  # (L, d)
         layers = []
         for block in m.blocks:
-            qkv = _qkv(block, x)  # (3, B, H, L, hd)
-            layers.append(qkv[1:])
-            x = _block(block, x, mask, qkv[1], qkv[2], None)
-        kv = torch.stack(layers)  # (n_layer, 2, B, H, L, hd)
+            x, kv = _block(block, x, mask)
+            layers.append(torch.stack(kv))  # (2, H, L, hd)
+        kv = torch.stack(layers)[:, :, None]  # (n_layer, 2, 1, H, L, hd)
         kv = F.pad(kv, (0, 0, 0, N - L))  # (n_layer, 2, B, H, N, hd): the K step slots empty
         state = [kv, valid]
         if cfg.film:
-            state.append(m.instruction_context(instruction))  # (B, 2d)
+            state.append(m.instruction_context(instruction))  # (B, F)
         return tuple(state)
 
 
@@ -179,33 +186,38 @@ class MaskGraph(nn.Module):
 
 
 class StepGraph(nn.Module):
-    """`ActionTransformer.step` (parallel decoding) as a function: image (B, C, H, W, 3) uint8, proprio
-    (B, P), timestep (B,), the KV buffer, the step's mask (MaskGraph) and the FiLM context -> logits
-    (B, chunk*A, bins) and this step's keys/values (n_layer, 2, B, H, S, hd), which the runtime writes
-    into the step's ring slot. The queries attend to [buffer | own keys] (the mask hides the slot's old
-    step), so the graph holds no scatter and returns no copy of the buffer."""
+    """`ActionTransformer.step` (parallel decoding) as a function: image (1, C, H, W, 3) uint8, proprio
+    (1, P), timestep (1,), the step's mask (MaskGraph, (H|1, S, N + S)), the FiLM conditioning, then each
+    layer's K and V buffer (H, N, hd) -> logits (1, chunk*A, bins) and each layer's keys and values of this
+    step (H, S, hd), which the runtime writes into the step's ring slot. The queries attend to [buffer |
+    own keys] (the mask hides the slot's old step), so the graph holds no scatter and copies no buffer."""
 
     def __init__(self, model: ActionTransformer):
         super().__init__()
         check_exportable(model)
         self.model = model
 
-    def forward(self, image, proprio, timestep, kv, mask, film_ctx=None):
+    def forward(self, image, proprio, timestep, mask, *state):
+        """state: the FiLM conditioning (B, F) when the model has FiLM, then k0, v0, k1, ... (H, N, hd)."""
         m, lay = self.model, self.model.layout
         n_obs, S = lay.n_obs_tokens, lay.tokens_per_step
-        x = m.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, film_ctx).x[:, 0]  # (B, S, d)
-        new_kv, h = [], x
+        film, kv = (state[0], state[1:]) if m.cfg.film else (None, state)
+        h = m.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, film).x[0, 0]  # (S, d)
+        new_kv = []
         for i, block in enumerate(m.blocks):
-            new = _qkv(block, h)[1:]  # (2, B, H, S, hd)
-            new_kv.append(new)
-            k, v = torch.cat([kv[i, 0], new[0]], dim=2), torch.cat([kv[i, 1], new[1]], dim=2)  # (B, H, N + S, hd)
             rows = slice(n_obs, S) if i == len(m.blocks) - 1 else None
-            h = _block(block, h, mask, k, v, rows)
-        return m.head(m.ln_f(h)), torch.stack(new_kv)  # (B, chunk*A, bins), (n_layer, 2, B, H, S, hd)
+            h, new = _block(block, h, mask, kv[2 * i : 2 * i + 2], rows)
+            new_kv += new
+        return m.head(m.ln_f(h))[None], *new_kv  # (1, chunk*A, bins), then (H, S, hd) per layer: K, V
 
 
 def prefix_outputs(model: ActionTransformer) -> list[str]:
-    return ["kv", "instr_valid", "film_ctx"] if model.cfg.film else ["kv", "instr_valid"]
+    return ["kv", "instr_valid", "film"] if model.cfg.film else ["kv", "instr_valid"]
+
+
+def kv_names(model: ActionTransformer, prefix: str = "") -> list[str]:
+    """The step graph's per-layer key/value inputs (k0, v0, k1, ...) or outputs (prefix "new_")."""
+    return [f"{prefix}{kind}{i}" for i in range(model.cfg.n_layer) for kind in "kv"]
 
 
 def export_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path) -> None:
@@ -222,15 +234,15 @@ def export_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path
         _onnx_export(
             MaskGraph(model), (instr_valid, *ring, timestep, slot), out / GRAPH_FILES["mask"], mask_inputs, ["mask"]
         )
-        mask = MaskGraph(model)(instr_valid, *ring, timestep, slot)
+        mask = MaskGraph(model)(instr_valid, *ring, timestep, slot)[0]  # (H|1, S, N + S)
         image = torch.zeros(1, spec.n_cameras, spec.image_size, spec.image_size, 3, dtype=torch.uint8)
-        step_inputs = ["image", "proprio", "timestep", "kv", "mask", *(["film_ctx"] if film else [])]
+        layers = kv[:, :, 0].flatten(0, 1).unbind(0)  # k0, v0, k1, ...: (H, N, hd) each
         _onnx_export(
             StepGraph(model),
-            (image, torch.zeros(1, spec.proprio_dim), timestep, kv, mask, *film),
+            (image, torch.zeros(1, spec.proprio_dim), timestep, mask, *film, *layers),
             out / GRAPH_FILES["step"],
-            step_inputs,
-            ["logits", "new_kv"],
+            ["image", "proprio", "timestep", "mask", *(["film"] if film else []), *kv_names(model)],
+            ["logits", *kv_names(model, "new_")],
         )
 
 

@@ -42,9 +42,9 @@ def _conv(side_out: int, c_in: int, c_out: int, kernel: int) -> int:
 
 def _vision_flops(cfg: ModelConfig, lay: TokenLayout, n_frames: int) -> int:
     """FLOPs of `PatchEmbed` over n_frames steps (all cameras): patch features, then keypoints. The FiLM
-    layers run once per call on the instruction context (B = 1), not per frame."""
+    scales, shifts and queries come from `instruction_context` (`_film_context_flops`)."""
     p, g, d, C = cfg.patch_size, lay.grid, cfg.d_model, lay.spec.n_cameras
-    per_image, per_call = 0, 0
+    per_image = 0
     if cfg.patch_embed == "linear":
         per_image += _linear(g * g, p * p * 3, d)
     else:  # the stem in vla/model/vision.py: log2(p) 3x3 stride-2 stages from pixels + 2 coordinate channels
@@ -54,17 +54,14 @@ def _vision_flops(cfg: ModelConfig, lay: TokenLayout, n_frames: int) -> int:
             last = i == p.bit_length() - 2
             c_out = d if last else cfg.conv_channels * 2**i
             per_image += _conv(side, c_in, c_out, 3)
-            if cfg.film and not last:
-                per_call += _linear(1, 2 * d, 2 * c_out)  # FiLM scale and shift of this stage
             c_in = c_out
     if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
         h, c, M = lay.keypoint_grid, cfg.keypoint_channels, cfg.keypoints
         per_image += _conv(h, 3 + 2, c, 3) + _conv(h, c, c, 3) + _conv(h, c, M, 1)  # stride-2 3x3, 3x3, 1x1
         if cfg.film:
             per_image += _linear(M, c, h * h)  # heat += <pixel features, instruction query> per map
-            per_call += 2 * _linear(1, 2 * d, 2 * c) + _linear(1, 2 * d, M * c)  # two FiLMs + the queries
         per_image += _linear(M, h * h, 2) + _linear(M, 3, d)  # soft-argmax coordinates, (x, y, strength) -> d
-    return n_frames * C * per_image + per_call
+    return n_frames * C * per_image
 
 
 def _step_embed_flops(cfg: ModelConfig, lay: TokenLayout, n_steps: int, training: bool = False) -> int:
@@ -82,8 +79,17 @@ def _step_embed_flops(cfg: ModelConfig, lay: TokenLayout, n_steps: int, training
 
 
 def _film_context_flops(cfg: ModelConfig) -> int:
-    """FLOPs of `instruction_context`: two attention pools over the instruction (scores, weighted sums)."""
-    return 2 * _linear(cfg.instruction_len, cfg.d_model, 2) if cfg.film else 0
+    """FLOPs of `instruction_context`: two attention pools over the instruction (scores, weighted sums),
+    then the stem's FiLM scales and shifts, the keypoint net's and the keypoint queries from the summary."""
+    if not cfg.film:
+        return 0
+    d, n_stages = cfg.d_model, cfg.patch_size.bit_length() - 1
+    flops = 2 * _linear(cfg.instruction_len, d, 2)
+    flops += sum(_linear(1, 2 * d, 2 * cfg.conv_channels * 2**i) for i in range(n_stages - 1))  # the stem's
+    if cfg.keypoints:
+        c = cfg.keypoint_channels
+        flops += 2 * _linear(1, 2 * d, 2 * c) + _linear(1, 2 * d, cfg.keypoints * c)  # two FiLMs + the queries
+    return flops
 
 
 def _trunk_flops(cfg: ModelConfig, n: int, n_keys: int, rows: int) -> int:

@@ -27,6 +27,10 @@ from vla.observation import check_observation
 from vla.policy_config import PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
 
+# what vla-export writes and this runtime reads; 2: mask.onnx apart, the step returns its own keys/values;
+# 3: a batch-free step graph with one K and one V input per layer, the FiLM conditioning from the prefix
+MANIFEST_VERSION = 3
+
 
 def _text_tokenizer_class():
     """vla/tokenizers/text.py is numpy-only, but importing it as `vla.tokenizers.text` runs the package's
@@ -95,9 +99,12 @@ class OnnxStreamer:
         """Begin an episode: instruction ids (1, L) int64 through the prefix graph; the ring empty."""
         state = dict(zip(self._prefix_names, self._prefix.run(None, {"instruction": ids}), strict=True))
         self.instr_valid = state["instr_valid"]
-        self.kv = state["kv"]  # (n_layer, 2, B, H, L + K*S, hd), written in place step by step
-        # the step graph's inputs that live for the episode (the buffer is the same array throughout)
-        self._feeds = {k: v for k, v in state.items() if k in self._step_inputs}
+        kv = state["kv"]  # (n_layer, 2, 1, H, L + K*S, hd), written in place step by step
+        self.kv = kv.reshape(kv.shape[0] * 2, *kv.shape[3:])  # (n_layer*2, H, N, hd): k0, v0, k1, ... (views)
+        # the step graph's inputs that live for the episode: each layer's K and V buffer, the FiLM conditioning
+        self._feeds = {f"{kind}{i // 2}": self.kv[i] for i, kind in enumerate("kv" * kv.shape[0])}
+        if "film" in self._step_inputs:
+            self._feeds["film"] = state["film"]
         B = ids.shape[0]
         self.slot_timestep = np.zeros((B, self.K), np.int64)
         self.slot_valid = np.zeros((B, self.K), bool)
@@ -117,14 +124,15 @@ class OnnxStreamer:
             ring = {"slot_timestep": self.slot_timestep, "slot_valid": self.slot_valid, "slot": np.array([slot])}
             mask = self._masks[key] = self._mask.run(
                 None, {"instr_valid": self.instr_valid, "timestep": timestep, **ring}
-            )[0]
+            )[0][0]  # (H|1, S, N + S)
         feeds = self._feeds
         feeds["image"], feeds["proprio"], feeds["mask"] = image, proprio, mask
         if "timestep" in self._step_inputs:  # absolute time encodings read it
             feeds["timestep"] = timestep
-        logits, new_kv = self._step.run(None, feeds)
+        logits, *new_kv = self._step.run(None, feeds)
         at = self.L + slot * self.S
-        self.kv[:, :, :, :, at : at + self.S] = new_kv  # the step's keys/values into its slot
+        for buffer, new in zip(self.kv, new_kv, strict=True):  # (H, N, hd) <- (H, S, hd): the step's slot
+            buffer[:, at : at + self.S] = new
         return logits
 
 
@@ -134,9 +142,10 @@ class OnnxPolicy:
     ):
         self.dir = find_export(export_dir)
         manifest = json.loads((self.dir / "manifest.json").read_text())
-        if manifest.get("format") != "vla-onnx-policy" or manifest.get("version") != 2:
+        if manifest.get("format") != "vla-onnx-policy" or manifest.get("version") != MANIFEST_VERSION:
             raise PolicyLoadError(
-                f"{self.dir}/manifest.json: not a vla-onnx-policy v2 manifest (version {manifest.get('version')}); "
+                f"{self.dir}/manifest.json: not a vla-onnx-policy v{MANIFEST_VERSION} manifest (version "
+                f"{manifest.get('version')}); "
                 "export again with this version's vla-export"
             )
         self.manifest = manifest

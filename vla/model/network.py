@@ -205,16 +205,17 @@ class ActionTransformer(nn.Module):
         return words + self.instr_pos.weight[: instruction.shape[1]] + seg
 
     def instruction_context(self, instruction: torch.Tensor) -> torch.Tensor | None:
-        """The instruction summary that conditions a FiLM stem (None without one): (B, L) -> (B, 2d).
+        """What the instruction sets in a FiLM stem (None without one): (B, L) -> (B, F), the stem's
+        per-channel scales and shifts and the keypoint queries (`PatchEmbed.condition`), once per instruction.
 
-        Two learned attention pools over the instruction's token embeddings (word + position): one can
-        learn "the first colour word" (which block), the other "the second" (which goal)."""
+        They read a summary (B, 2d): two learned attention pools over the instruction's token embeddings
+        (word + position): one can learn "the first colour word" (which block), the other "the second"."""
         if not self.cfg.film:
             return None
         x = self.embed_instruction(instruction)  # (B, L, d)
         scores = self.film_pool(x).masked_fill((instruction == PAD_ID)[..., None], float("-inf"))  # (B, L, 2)
         pooled = torch.einsum("blq,bld->bqd", scores.softmax(dim=1), x)  # (B, 2, d)
-        return pooled.flatten(1)  # (B, 2d)
+        return self.patch_embed.condition(pooled.flatten(1))  # (B, 2d) -> (B, F)
 
     def _time_embed(self, timestep: torch.Tensor) -> torch.Tensor | None:
         """Absolute time encoding (B, T) -> (B, T, 1, d), or None for relative/none."""
@@ -227,8 +228,9 @@ class ActionTransformer(nn.Module):
     def embed_steps(self, image, proprio, timestep, actions=None, context=None, committed=None) -> StepEmbedding:
         """Step tokens: image (B,T,C,H,W,3) uint8, proprio (B,T,P) normalized, timestep (B,T), actions
         (B,T,chunk*A) int64 bins or None (autoregressive slots j >= 1 then hold no value; -1 = no value),
-        context (B, 2d) the instruction summary for FiLM, committed (B,T,chunk*A) int64 bins already decided
-        for slot j itself (-1 = free; read only with committed_actions) -> StepEmbedding with x (B, T, S, d)."""
+        context (B, F) the instruction's FiLM conditioning (`instruction_context`), committed (B,T,chunk*A)
+        int64 bins already decided for slot j itself (-1 = free; read only with committed_actions)
+        -> StepEmbedding with x (B, T, S, d)."""
         B, T = timestep.shape
         vision = self.patch_embed(image, context)  # (B, T, C*(g*g + M), d) with positions
         aux_pred = None
@@ -254,7 +256,7 @@ class ActionTransformer(nn.Module):
     def embed(self, batch: dict) -> tuple[torch.Tensor, StepEmbedding]:
         """The whole stream of a batch of windows: (B, L + T*S, d), and the step embedding's by-products."""
         instruction = batch["instruction"]
-        context = self.instruction_context(instruction)  # (B, 2d) or None
+        context = self.instruction_context(instruction)  # (B, F) or None
         emb = self.embed_steps(
             batch["image"], batch["proprio"], batch["timestep"], batch.get("actions"), context, batch.get("committed")
         )
@@ -398,7 +400,7 @@ class ActionTransformer(nn.Module):
             acts[:, :-1] = actions[:, :-1]
         coords = self.window_coords(instruction, timestep, step_mask)
         mask = self.mask(coords, coords)  # (B, H|1, N, N)
-        context = self.instruction_context(instruction)  # (B, 2d) or None
+        context = self.instruction_context(instruction)  # (B, F) or None
         held = None
         if committed is not None:  # only the decoded step has committed slots
             held = torch.full_like(acts, -1)  # (B, T, chunk*A)
@@ -466,7 +468,7 @@ class ActionTransformer(nn.Module):
         x = self.embed_instruction(instruction)  # (B, L, d)
         for i, block in enumerate(self.blocks):
             x, _ = block(x, mask, cache.kv[i, :, :, :, :L], 0)  # a view: writes land in the buffer
-        cache.film_ctx = self.instruction_context(instruction)  # (B, 2d) or None: once per episode
+        cache.film_ctx = self.instruction_context(instruction)  # (B, F) or None: once per episode
         cache.started = True
 
     @torch.inference_mode()

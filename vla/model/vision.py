@@ -24,13 +24,19 @@ class ImageTokens:
     heat: torch.Tensor | None  # (B, T, C, M, h*w) keypoint heat maps (softmax over pixels), or None
 
 
-def film_gelu(x: torch.Tensor, film: nn.Linear | None, context: torch.Tensor | None) -> torch.Tensor:
-    """GELU of feature maps x (N, c, h, w), first scaled and shifted per channel by `film(context)` when
-    there is a FiLM layer; context (B, 2d) is shared by the N / B images of each batch row."""
+def film_gelu(x: torch.Tensor, film: torch.Tensor | None) -> torch.Tensor:
+    """GELU of feature maps x (N, c, h, w), first scaled and shifted per channel when there is FiLM: film
+    (B, 2c) is [scale | shift] (`PatchEmbed.condition`), shared by the N / B images of each batch row."""
     if film is not None:
-        gamma, beta = film(context).repeat_interleave(x.shape[0] // context.shape[0], 0).chunk(2, 1)  # (N, c)
-        x = x * (1 + gamma[:, :, None, None]) + beta[:, :, None, None]  # (N, c, h, w)
+        film = _per_image(film, x.shape[0])  # (N, 2c)
+        scale, shift = film[:, :, None, None].chunk(2, 1)  # (N, c, 1, 1) each
+        x = x * scale + shift  # (N, c, h, w)
     return F.gelu(x)
+
+
+def _per_image(per_row: torch.Tensor, n_images: int) -> torch.Tensor:
+    """(B, ...) -> (N, ...): each batch row's value for its N / B images (no copy when N = B, as in a step)."""
+    return per_row if n_images == per_row.shape[0] else per_row.repeat_interleave(n_images // per_row.shape[0], 0)
 
 
 class PatchEmbed(nn.Module):
@@ -98,18 +104,51 @@ class PatchEmbed(nn.Module):
             pos = torch.cat([pos, self.kp_id], dim=0)  # (g*g + M, d)
         return (self.camera[:, None, :] + pos).flatten(0, 1)  # (C*(g*g + M), d)
 
-    def keypoints(self, x: torch.Tensor, context: torch.Tensor | None):
-        """(N, 5, H, W) pixels + coordinates -> keypoint tokens (N, M, d), coordinates (N, M, 2) and
-        heat maps (N, M, h*w). context (B, 2d) conditions the maps when cfg.film (N = B * steps * cameras)."""
-        films = self.kp_film if self.kp_film is not None else [None] * (len(self.kp_convs) - 1)
+    def _conditioned(self) -> list[nn.Linear]:
+        """The layers that map the instruction context to the stem's FiLM and the keypoint queries, in order."""
+        if not self.cfg.film:
+            return []
+        kp_film, kp_query = getattr(self, "kp_film", None), getattr(self, "kp_query", None)
+        return [*self.film, *(kp_film or []), *([kp_query] if kp_query is not None else [])]
+
+    def condition(self, context: torch.Tensor | None) -> torch.Tensor | None:
+        """What the instruction sets in the stem, computed once per instruction: context (B, 2d) -> (B, F),
+        every FiLM layer's [scale | shift] (scale = 1 + gamma) and the keypoint queries (scaled by
+        1/sqrt(c)), concatenated; None without FiLM. A control step then only reads these."""
+        layers = self._conditioned()
+        if context is None or not layers:
+            return None
+        parts = []
+        for layer in layers:
+            out = layer(context)  # (B, 2c) or (B, M*c)
+            if layer is getattr(self, "kp_query", None):
+                parts.append(out / math.sqrt(self.cfg.keypoint_channels))  # (B, M*c)
+            else:
+                gamma, beta = out.chunk(2, 1)  # (B, c) each
+                parts.append(torch.cat([1 + gamma, beta], 1))  # (B, 2c)
+        return torch.cat(parts, 1)  # (B, F)
+
+    def _split_condition(self, cond: torch.Tensor | None) -> tuple[list, list, torch.Tensor | None]:
+        """(B, F) from `condition` -> the stem's FiLM per hidden stage, the keypoint net's, and the queries."""
+        n_stem = len(self.proj) - 1 if self.cfg.patch_embed == "conv" else 0
+        n_kp = len(self.kp_convs) - 1 if self.cfg.keypoints else 0
+        if cond is None:
+            return [None] * n_stem, [None] * n_kp, None
+        parts = list(cond.split([layer.out_features for layer in self._conditioned()], dim=1))
+        # FiLM implies the conv stem, and the keypoint net's FiLM and queries come with keypoints
+        return parts[:n_stem], parts[n_stem : n_stem + n_kp], parts[-1] if n_kp else None
+
+    def keypoints(self, x: torch.Tensor, films: list, query: torch.Tensor | None):
+        """(N, 5, H, W) pixels + coordinates -> keypoint tokens (N, M, d), coordinates (N, M, 2) and heat maps
+        (N, M, h*w). films / query from `condition` (B rows) condition the maps (N = B * steps * cameras)."""
         for conv, film in zip(self.kp_convs[:-1], films, strict=True):
-            x = film_gelu(conv(x), film, context)  # (N, c, h, w)
+            x = film_gelu(conv(x), film)  # (N, c, h, w)
         heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
-        if self.kp_query is not None:
+        if query is not None:
             c, M = x.shape[1], heat.shape[1]
-            q = self.kp_query(context).view(-1, M, c).repeat_interleave(x.shape[0] // context.shape[0], 0)  # (N, M, c)
+            q = _per_image(query.view(-1, M, c), x.shape[0])  # (N, M, c), already scaled by 1/sqrt(c)
             # a batched matmul, not einsum: onnxruntime's Einsum kernel took ~80 us for this 0.5 MFLOP product
-            heat = heat + (q @ x.flatten(2)) / math.sqrt(c)  # (N, M, h*w)
+            heat = heat + q @ x.flatten(2)  # (N, M, h*w)
         att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
         where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
         strength = (att * heat).sum(-1, keepdim=True)  # (N, M, 1): how strongly the map fired there
@@ -118,21 +157,20 @@ class PatchEmbed(nn.Module):
             feats = feats.detach()  # as given features
         return self.kp_proj(feats), where, att
 
-    def patches(self, x: torch.Tensor, pix: torch.Tensor | None, context: torch.Tensor | None) -> torch.Tensor:
+    def patches(self, x: torch.Tensor, pix: torch.Tensor | None, films: list) -> torch.Tensor:
         """Patch features: x (B, T, C, H, W, 3) in [-0.5, 0.5], pix (B*T*C, 5, H, W) -> (B, T, C, g*g, d)."""
         B, T, p = x.shape[0], x.shape[1], self.cfg.patch_size
         if self.cfg.patch_embed == "linear":
             x = rearrange(x, "b t c (h p1) (w p2) ch -> b t c (h w) (p1 p2 ch)", p1=p, p2=p)  # (B, T, C, g*g, p*p*3)
             return self.proj(x)  # (B, T, C, g*g, d)
         x = pix  # (B*T*C, 5, H, W)
-        films = self.film if self.film is not None else [None] * (len(self.proj) - 1)
         for conv, film in zip(self.proj[:-1], films, strict=True):
-            x = film_gelu(conv(x), film, context)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
+            x = film_gelu(conv(x), film)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
         x = self.proj[-1](x)  # (B*T*C, d, g, g)
         return rearrange(x, "(b t c) d h w -> b t c (h w) d", b=B, t=T)  # (B, T, C, g*g, d)
 
-    def forward(self, image: torch.Tensor, context: torch.Tensor | None = None) -> ImageTokens:
-        """(B, T, C, H, W, 3) uint8 -> image tokens; `context` (B, 2d) conditions a FiLM stem."""
+    def forward(self, image: torch.Tensor, cond: torch.Tensor | None = None) -> ImageTokens:
+        """(B, T, C, H, W, 3) uint8 -> image tokens; `cond` (B, F) from `condition` conditions a FiLM stem."""
         B, T, C = image.shape[:3]
         x = image.to(self.row.dtype) / 255.0 - 0.5  # (B, T, C, H, W, 3) in [-0.5, 0.5]
         pix = None
@@ -140,10 +178,11 @@ class PatchEmbed(nn.Module):
             pix = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
             coords = self.coords.to(pix.dtype).expand(pix.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
             pix = torch.cat([pix, coords], dim=1)  # (B*T*C, 5, H, W)
-        tokens = self.patches(x, pix, context)  # (B, T, C, g*g, d)
+        stem_films, kp_films, query = self._split_condition(cond)
+        tokens = self.patches(x, pix, stem_films)  # (B, T, C, g*g, d)
         where = heat = None
         if self.cfg.keypoints:
-            kp, where, heat = self.keypoints(pix, context)  # (B*T*C, M, d), (B*T*C, M, 2), (B*T*C, M, h*w)
+            kp, where, heat = self.keypoints(pix, kp_films, query)  # (B*T*C, M, d), (B*T*C, M, 2), (B*T*C, M, h*w)
             kp = rearrange(kp, "(b t c) m d -> b t c m d", b=B, t=T)  # (B, T, C, M, d)
             tokens = torch.cat([tokens, kp], dim=3)  # (B, T, C, g*g + M, d)
             where = where.view(B, T, C, *where.shape[1:])  # (B, T, C, M, 2)
