@@ -285,6 +285,22 @@ def test_film_stem_reads_the_instruction():
         tiny(film=True, patch_embed="linear")
 
 
+def test_the_instruction_conditions_the_stem_once_per_episode_not_per_step():
+    """The FiLM scales, shifts and keypoint queries are computed in `start` (PatchEmbed.condition): a
+    streaming step only reads them, so none of the layers that make them runs again per step."""
+    model = make_model(patch_embed="conv", film=True, keypoints=2)
+    pe, calls = model.patch_embed, []
+    layers = [*pe.film, *pe.kp_film, pe.kp_query]
+    for layer in layers:
+        layer.register_forward_hook(lambda module, args, out: calls.append(module))
+    batch, cache = make_batch(dims(model), B=1), model.new_cache(1)
+    model.start(cache, batch["instruction"])
+    assert calls == layers  # each once, in start
+    for t in range(3):
+        model.step(cache, batch["image"][:, 0], batch["proprio"][:, 0], torch.tensor([t]))
+    assert calls == layers
+
+
 def test_stream_scope_is_exact_only_until_the_window_slides():
     """The plain causal mask: cached layer-2 keys remember evicted steps (why "step" is the default)."""
     model = make_model(causal_scope="stream")
