@@ -166,7 +166,7 @@ class ActionTransformer(nn.Module):
             *(m for m in (self.aux_head or []) if isinstance(m, nn.Linear)),
             self.aux_embed,
             *(getattr(pe, "film", None) or []),
-            *(getattr(pe, "kp_film", None) or []),
+            *(pe.kp_film or []),
         ]:
             if module is not None:
                 module.reset_parameters()

@@ -69,6 +69,7 @@ class PatchEmbed(nn.Module):
         self.row = nn.Parameter(torch.zeros(g, d))
         self.col = nn.Parameter(torch.zeros(g, d))
         self.camera = nn.Parameter(torch.zeros(layout.spec.n_cameras, d))
+        self.kp_film = self.kp_query = None  # the keypoint net's FiLM and queries (with keypoints and film)
         if cfg.keypoints:
             # Spatial-softmax keypoints (Levine et al. 2016; robomimic's default readout): a small conv
             # net at half resolution gives M heat maps; each map's softmax-weighted pixel coordinates are
@@ -108,8 +109,7 @@ class PatchEmbed(nn.Module):
         """The layers that map the instruction context to the stem's FiLM and the keypoint queries, in order."""
         if not self.cfg.film:
             return []
-        kp_film, kp_query = getattr(self, "kp_film", None), getattr(self, "kp_query", None)
-        return [*self.film, *(kp_film or []), *([kp_query] if kp_query is not None else [])]
+        return [*self.film, *(self.kp_film or []), *([self.kp_query] if self.kp_query is not None else [])]
 
     def condition(self, context: torch.Tensor | None) -> torch.Tensor | None:
         """What the instruction sets in the stem, computed once per instruction: context (B, 2d) -> (B, F),
@@ -121,7 +121,7 @@ class PatchEmbed(nn.Module):
         parts = []
         for layer in layers:
             out = layer(context)  # (B, 2c) or (B, M*c)
-            if layer is getattr(self, "kp_query", None):
+            if layer is self.kp_query:
                 parts.append(out / math.sqrt(self.cfg.keypoint_channels))  # (B, M*c)
             else:
                 gamma, beta = out.chunk(2, 1)  # (B, c) each
