@@ -23,14 +23,11 @@ def env(request):
 
 
 def run_expert(env, seed, noise=0.0):
-    expert = envs.make_expert(env, noise=noise, seed=seed)
-    obs, info = env.reset(seed=seed)
-    expert.reset()
-    for _ in range(env.spec.max_episode_steps):
-        obs, reward, terminated, truncated, info = env.step(expert.act(obs))
-        if terminated or truncated:
-            break
-    return info["success"]
+    """Physics only: the expert reads the true state, and an unrendered episode ends as a rendered one does
+    (test_tabletop_expert_outcomes_are_the_same_without_rendering)."""
+    from envs.__main__ import expert_episode
+
+    return expert_episode(env, envs.make_expert(env, noise=noise, seed=seed), seed, render=False)[0]
 
 
 def test_registered_tasks():
