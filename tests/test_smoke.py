@@ -9,7 +9,7 @@ import json
 
 import pytest
 
-from tests.conftest import run_cli
+from tests.conftest import run_cli, run_main
 from vla.policy import load_policy
 
 
@@ -19,7 +19,7 @@ def test_demo_path_end_to_end_at_toy_size(tmp_path):
     r = run_cli("vla.collect", "--tasks", "all", "--episodes-per-task", "2", "--workers", "2", "--noise", "0.3",
                 "--out", data, "--quiet", "--valid-fraction", "0.5")  # fmt: skip
     assert r.returncode == 0, r.stderr
-    assert run_cli("vla.data_cli", "validate", data).returncode == 0
+    assert run_main("vla.data_cli", "validate", data).returncode == 0  # its process is tested in test_data_cli
 
     tiny = ["model.d_model=32", "model.n_head=2", "model.n_layer=1", "model.d_ff=64", "model.keypoint_channels=8",
             "train.steps=6", "train.batch_size=4", "train.log_every=3", "eval.every=0", "eval.episodes=0"]  # fmt: skip
