@@ -12,7 +12,8 @@ from vla.bench.latency import TABLETOP
 from vla.bench.plan import candidates
 from vla.model_card import model_card
 
-GRID = ["--window", "2", "--chunk", "1", "--width", "32,64", "--depth", "1", "--steps", "3", "--image-size", "32"]
+GRID = ["--window", "2", "--chunk", "1", "--width", "32,64", "--depth", "1", "--steps", "3", "--image-size", "32",
+        "--peak-seconds", "0.05"]  # fmt: skip
 
 
 @pytest.fixture(autouse=True)
@@ -66,6 +67,7 @@ def test_plan_budget_decides_what_fits(tmp_path):
         (["--hz", "20", "--backend", "tpu"], "--backend 'tpu'"),
         (["--hz", "20", "--image-size", "40"], "--image-size 40"),
         (["--hz", "20", "--device", "tpu"], "--device tpu"),
+        (["--hz", "20", "--peak-seconds", "0"], "--peak-seconds must be > 0"),
     ],
 )
 def test_plan_bad_input_is_one_line(argv, says, capsys):

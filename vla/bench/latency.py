@@ -72,6 +72,17 @@ def add_backend_argument(p) -> None:
     )
 
 
+def add_peak_argument(p) -> None:
+    p.add_argument(
+        "--peak-seconds", type=float, default=1.0, help="time spent finding the fp32 matmul peak, s (default 1.0)"
+    )
+
+
+def check_peak_seconds(seconds: float) -> None:
+    if seconds <= 0:
+        raise UserError(f"--peak-seconds must be > 0, got {seconds}")
+
+
 def parse_backends(text: str) -> list[str]:
     names = [b.strip() for b in text.split(",") if b.strip()]
     bad = [b for b in names if b not in BACKENDS]
@@ -111,9 +122,7 @@ def add_arguments(p) -> None:
     )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     add_backend_argument(p)
-    p.add_argument(
-        "--peak-seconds", type=float, default=1.0, help="time spent finding the fp32 matmul peak, s (default 1.0)"
-    )
+    add_peak_argument(p)
     p.add_argument("--equivalence-steps", type=int, default=None, help="episode length for max_abs_diff (5K)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, auto (default cpu)")
     p.add_argument("--seed", type=int, default=0)
@@ -455,8 +464,7 @@ def run(args) -> dict:
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
     threads = args.threads if args.threads is not None else usable
     torch.set_num_threads(threads)
-    if args.peak_seconds <= 0:
-        raise UserError(f"--peak-seconds must be > 0, got {args.peak_seconds}")
+    check_peak_seconds(args.peak_seconds)
     backends = parse_backends(args.backend)
     modes = ["parallel", "autoregressive"] if args.decoding == "both" else [args.decoding]
     primary = modes[0]

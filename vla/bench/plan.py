@@ -30,6 +30,8 @@ from vla.bench.latency import (
     _stats,
     _Streaming,
     add_backend_argument,
+    add_peak_argument,
+    check_peak_seconds,
     matmul_peak,
     onnx_methods,
     parse_backends,
@@ -63,6 +65,7 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=40, help="timed control steps per candidate and backend (default 40)")
     p.add_argument("--threads", type=int, default=None, help="torch / onnxruntime threads (default: usable cores)")
     add_backend_argument(p)
+    add_peak_argument(p)
     p.add_argument("--image-size", type=int, default=TABLETOP.image_size, help="camera image side, px (default 64)")
     p.add_argument("--device", default="cpu", help="torch device: cpu, cuda, auto (default cpu, a robot's computer)")
     p.add_argument("--seed", type=int, default=0)
@@ -119,6 +122,7 @@ def run(args) -> dict:
         raise UserError(f"--margin {args.margin:g} must be >= 1 (a factor on p99)")
     if args.steps < 1:
         raise UserError(f"--steps must be at least 1, got {args.steps}")
+    check_peak_seconds(args.peak_seconds)
     backends = parse_backends(args.backend)
     device = cli.device(args.device) or torch.device("cuda" if torch.cuda.is_available() else "cpu")
     usable = len(os.sched_getaffinity(0)) if hasattr(os, "sched_getaffinity") else os.cpu_count()
@@ -135,7 +139,7 @@ def run(args) -> dict:
         except ValueError as e:
             raise UserError(f"--image-size {args.image_size}: {e}") from None
     load = os.getloadavg()[0]
-    peak_before = matmul_peak(device)  # the better of before / after, as vla-bench latency does
+    peak_before = matmul_peak(device, args.peak_seconds)  # the better of before / after, as vla-bench latency does
     rows = []
     for cfg in tqdm(grid, desc="vla-bench plan", unit="model"):
         card = model_card(cfg, spec)
@@ -164,7 +168,7 @@ def run(args) -> dict:
                 "best_backend": min(timed, key=timed.get) if timed else None,
             }
         )
-    peak = max(peak_before, matmul_peak(device))
+    peak = max(peak_before, matmul_peak(device, args.peak_seconds))
     for row in rows:
         row["flop_limit_ms"] = row["flops_per_step"] / peak * 1e3
     return {
