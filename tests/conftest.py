@@ -4,6 +4,7 @@ import io
 import os
 import subprocess
 import sys
+import warnings
 
 import pytest
 
@@ -69,9 +70,21 @@ def tiny_checkpoint(tiny_dataset, tmp_path_factory):
     return out
 
 
+@pytest.hookimpl(trylast=True)  # after pytest-xdist's own hook, which tags each grouped test's id
 def pytest_collection_modifyitems(config, items):
     """Under pytest-xdist, tests marked `slow` first: the long ones start while the other workers still have
     short ones to balance with, instead of leaving one worker running them at the end. Every worker collects
-    and sorts alike; a single process keeps the file order (so module-scoped fixtures are built once)."""
-    if os.environ.get("PYTEST_XDIST_WORKER"):
-        items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order otherwise
+    and sorts alike; a single process keeps the file order (so module-scoped fixtures are built once).
+
+    With --dist loadgroup, a test marked xdist_group must carry its group in its id ("...@group"), which is
+    what keeps the group on one worker; pytest 9.2 broke that for pytest-xdist 3.8 silently (each worker
+    then built the group's module fixture again: slower, not wrong), so a lost tag is a warning in the summary."""
+    if not os.environ.get("PYTEST_XDIST_WORKER"):
+        return
+    if config.getvalue("loadgroup"):
+        untagged = [item.nodeid for item in items if item.get_closest_marker("xdist_group") and "@" not in item.nodeid]
+        if untagged:
+            message = (f"pytest-xdist did not tag {untagged[0]} with its xdist_group (pytest {pytest.__version__}): "
+                       "its group is split across workers, each building its fixtures")  # fmt: skip
+            warnings.warn(pytest.PytestWarning(message), stacklevel=1)
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)  # stable: file order otherwise
