@@ -221,9 +221,9 @@ def test_cache_equivalence_conv_patches_two_cameras():
 
 
 @pytest.mark.parametrize("decoding", ["autoregressive", "parallel"])
-@pytest.mark.parametrize("keypoints", [0, 4])
-def test_cache_equivalence_with_an_instruction_conditioned_stem(decoding, keypoints):
-    model = make_model(sharp=True, patch_embed="conv", film=True, keypoints=keypoints, action_decoding=decoding)
+@pytest.mark.parametrize("stem, keypoints", [("conv", 0), ("conv", 4), ("linear", 4)])  # linear: keypoint FiLM only
+def test_cache_equivalence_with_an_instruction_conditioned_stem(decoding, stem, keypoints):
+    model = make_model(sharp=True, patch_embed=stem, film=True, keypoints=keypoints, action_decoding=decoding)
     diffs, same = stream_vs_recompute(model, 3 * model.cfg.window)
     assert max(diffs) <= 1e-4 and all(same)
 

@@ -165,7 +165,7 @@ class ActionTransformer(nn.Module):
             self.film_pool,
             *(m for m in (self.aux_head or []) if isinstance(m, nn.Linear)),
             self.aux_embed,
-            *(getattr(pe, "film", None) or []),
+            *(pe.film or []),
             *(pe.kp_film or []),
         ]:
             if module is not None:

@@ -47,6 +47,8 @@ class PatchEmbed(nn.Module):
         self.cfg, self.layout = cfg, layout
         p, d, g, size = cfg.patch_size, cfg.d_model, layout.grid, layout.spec.image_size
         self.supervised_keypoints = layout.spec.aux_dim > 0
+        # the instruction's FiLM layers: the stem's (conv), the keypoint net's and its queries (with keypoints)
+        self.film = self.kp_film = self.kp_query = None
         if cfg.patch_embed == "linear":
             self.proj = nn.Linear(p * p * 3, d, bias=cfg.bias)
         else:
@@ -69,7 +71,6 @@ class PatchEmbed(nn.Module):
         self.row = nn.Parameter(torch.zeros(g, d))
         self.col = nn.Parameter(torch.zeros(g, d))
         self.camera = nn.Parameter(torch.zeros(layout.spec.n_cameras, d))
-        self.kp_film = self.kp_query = None  # the keypoint net's FiLM and queries (with keypoints and film)
         if cfg.keypoints:
             # Spatial-softmax keypoints (Levine et al. 2016; robomimic's default readout): a small conv
             # net at half resolution gives M heat maps; each map's softmax-weighted pixel coordinates are
@@ -109,7 +110,7 @@ class PatchEmbed(nn.Module):
         """The layers that map the instruction context to the stem's FiLM and the keypoint queries, in order."""
         if not self.cfg.film:
             return []
-        return [*self.film, *(self.kp_film or []), *([self.kp_query] if self.kp_query is not None else [])]
+        return [*(self.film or []), *(self.kp_film or []), *([self.kp_query] if self.kp_query is not None else [])]
 
     def condition(self, context: torch.Tensor | None) -> torch.Tensor | None:
         """What the instruction sets in the stem, computed once per instruction: context (B, 2d) -> (B, F),
