@@ -191,10 +191,10 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export
             assert result["policy"]["device"] == "onnxruntime-cpu"
     assert details["onnxruntime", 1] == details["torch", 1]
     assert details["onnxruntime", 2] == details["onnxruntime", 1]
+    assert len(details["onnxruntime-int8", 2]) == 2
     report = tmp_path / "deploy.json"
     r = run_main("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
                  "--backend", "onnxruntime", "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())
     assert summary["backend"] == "onnxruntime" and summary["device"] == "onnxruntime-cpu"
-    assert len(details["onnxruntime-int8", 2]) == 2
