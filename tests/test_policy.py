@@ -11,6 +11,8 @@ import envs  # noqa: F401 - registers the tasks
 from vla import load_policy
 from vla.checkpoint import CheckpointError
 from vla.config import ConfigError
+from vla.policy_config import PolicyConfig
+from vla.temporal_ensemble import ensemble_weights
 
 
 @pytest.fixture(scope="module")
@@ -146,12 +148,14 @@ def test_expectation_readout_is_the_mean_over_bin_centres(tiny_checkpoint, obs):
     np.testing.assert_array_equal(argmax, np.clip(policy.tok.action.decode(tokens), -1, 1).astype(np.float32))
 
 
-def test_temporal_ensemble_averages_every_stored_prediction_for_the_step(tiny_checkpoint):
+@pytest.mark.parametrize("coeff", [0.0, -0.5])
+def test_temporal_ensemble_averages_every_stored_prediction_for_the_step(tiny_checkpoint, coeff):
     """With temporal_ensemble, chunk row j at step t is the mean of the raw predictions for step t + j
-    made at steps t, t-1, ... (those whose chunk reaches t + j); a reset forgets them."""
+    made at steps t, t-1, ... (those whose chunk reaches t + j), weighted exp(-coeff * i) from the
+    oldest (i = 0); a reset forgets them."""
     # mean readout: unsaturated values, so averaging visibly changes them
     plain = load_policy(tiny_checkpoint, device="cpu", readout="expectation", temporal_ensemble=False)
-    ens = load_policy(tiny_checkpoint, device="cpu", readout="expectation", temporal_ensemble=True)
+    ens = load_policy(tiny_checkpoint, device="cpu", readout="expectation", ensemble_coeff=coeff)
     C = ens.chunk
     assert C >= 2
     env = gym.make("tabletop/Reach-v0", image_size=ens.spec.image_size)
@@ -164,11 +168,25 @@ def test_temporal_ensemble_averages_every_stored_prediction_for_the_step(tiny_ch
             raw.append(plain.act_chunk(obs))  # the same model and inputs: the raw chunk of this step
             got = ens.act_chunk(obs)
             for j in range(C):
-                expected = np.mean([raw[s][t + j - s] for s in range(max(0, t + j - C + 1), t + 1)], axis=0)
-                np.testing.assert_allclose(got[j], np.clip(expected, -1, 1), rtol=1e-6, atol=1e-6)
+                guesses = np.array([raw[s][t + j - s] for s in range(max(0, t + j - C + 1), t + 1)])  # oldest first
+                w = np.exp(-coeff * np.arange(len(guesses)))
+                expected = (w[:, None] * guesses).sum(0) / w.sum()
+                np.testing.assert_allclose(got[j], np.clip(expected, -1, 1), rtol=1e-5, atol=1e-6)
             obs, *_ = env.step(got[0])
         assert not np.allclose(got, raw[-1])  # averaging changed something
     env.close()
+
+
+def test_ensemble_weights_favour_the_newest_by_default_and_never_overflow():
+    w = ensemble_weights(4, PolicyConfig().ensemble_coeff)  # oldest first
+    assert np.all(np.diff(w) > 0) and w[-1] == 1.0  # the default leans on the newest prediction
+    assert np.all(np.diff(ensemble_weights(4, 0.5)) < 0)  # ACT's direction: the oldest
+    np.testing.assert_array_equal(ensemble_weights(3, 0.0), [1.0, 1.0, 1.0])
+    for coeff in (-1000.0, 1000.0):  # exp(1000 * i) would be inf; scaled, one guess takes all the weight
+        w = ensemble_weights(8, coeff)
+        assert np.all(np.isfinite(w)) and w.max() == 1.0
+    with pytest.raises(ValueError, match="ensemble_coeff=nan must be a finite number"):
+        PolicyConfig(ensemble_coeff=float("nan"))
 
 
 def test_policy_settings_are_saved_with_the_checkpoint_and_overridable(tiny_checkpoint):

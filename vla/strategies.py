@@ -40,6 +40,7 @@ from typing import ClassVar
 import numpy as np
 
 from vla.config import ConfigError
+from vla.temporal_ensemble import ensemble_weights
 
 
 class Strategy:
@@ -125,7 +126,7 @@ class Ensemble(Strategy):
         guesses = [c[tick - j] for j, c, _ in self.chunks if 0 <= tick - j < len(c)]  # oldest first
         if not guesses:
             return None, "hold"
-        w = np.exp(-self.ensemble_coeff * np.arange(len(guesses)))  # (n,)
+        w = ensemble_weights(len(guesses), self.ensemble_coeff)  # (n,)
         return ((w[:, None] * np.asarray(guesses)).sum(0) / w.sum()).astype(np.float32), "policy"
 
 
