@@ -10,7 +10,8 @@ The mean lags: an old prediction was made from an older observation. Our default
 (coeff = -0.5: weights 1, 1.6, 2.7, 4.5 for four guesses, oldest first): on the demo checkpoint and the
 same 50 seeds a task, Push rose from 40% (uniform) to 52% and 62% on two seed sets, PickPlace and Stack
 kept 90-100%; without any ensembling Push reached 54% but PickPlace fell to 76% and Stack to 70%, and
-ACT's direction (coeff = 0.5) took Push to 26% (docs/benchmarks.md).
+ACT's direction (coeff = 0.5) took Push to 26%. On a second checkpoint (other demonstrations) it changed
+nothing beyond noise (Push 36% / 58% -> 34% / 60%): the gain depends on the network (docs/benchmarks.md).
 """
 
 from __future__ import annotations
