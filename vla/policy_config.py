@@ -22,9 +22,8 @@ BACKENDS = ("torch", "onnxruntime", "onnxruntime-int8")
 class PolicyConfig:
     readout: Literal["argmax", "expectation"] = "expectation"  # an action dim's value: best bin's centre, or mean
     temporal_ensemble: bool = True  # each executed action averages every stored chunk's prediction of it (ACT)
-    # ensemble weights exp(-coeff * i), i = 0 the oldest prediction: 0 = uniform, < 0 favours the newest (less
-    # lag; -0.5 lifted Push from 40% to 52-62% on one checkpoint, level on another: vla/temporal_ensemble.py),
-    # > 0 the oldest (ACT's choice)
+    # ensemble weights exp(-coeff * i), i = 0 the oldest prediction: 0 = uniform, > 0 favours the oldest (ACT),
+    # < 0 the newest, which lags least (why -0.5: vla/temporal_ensemble.py)
     ensemble_coeff: float = -0.5
     n_action_steps: int = 1  # actions of a chunk executed before the policy re-plans (1 = every step)
     kv_cache: bool = True  # streaming KV cache (False: recompute the window every step; same actions)

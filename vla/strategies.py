@@ -40,7 +40,7 @@ from typing import ClassVar
 import numpy as np
 
 from vla.config import ConfigError
-from vla.temporal_ensemble import ensemble_weights
+from vla.temporal_ensemble import ensemble_mean
 
 
 class Strategy:
@@ -126,8 +126,7 @@ class Ensemble(Strategy):
         guesses = [c[tick - j] for j, c, _ in self.chunks if 0 <= tick - j < len(c)]  # oldest first
         if not guesses:
             return None, "hold"
-        w = ensemble_weights(len(guesses), self.ensemble_coeff)  # (n,)
-        return ((w[:, None] * np.asarray(guesses)).sum(0) / w.sum()).astype(np.float32), "policy"
+        return ensemble_mean(guesses, self.ensemble_coeff).astype(np.float32), "policy"
 
 
 class DelayAware(Chunked):

@@ -28,6 +28,12 @@ def ensemble_weights(n: int, coeff: float) -> np.ndarray:
     return np.exp(exponent - exponent.max())
 
 
+def ensemble_mean(guesses: list[np.ndarray], coeff: float) -> np.ndarray:
+    """The weighted mean of n guesses of one action (each (A,), oldest first) -> (A,)."""
+    w = ensemble_weights(len(guesses), coeff)  # (n,)
+    return (w[:, None] * np.asarray(guesses)).sum(0) / w.sum()
+
+
 class TemporalEnsembler:
     def __init__(self, chunk: int, coeff: float = 0.0):
         self.chunk, self.coeff = chunk, coeff
@@ -42,6 +48,5 @@ class TemporalEnsembler:
         out = np.empty_like(chunk)
         for j in range(len(chunk)):
             guesses = [c[t + j - s] for s, c in reversed(self._chunks) if t + j - s < len(c)]  # oldest first
-            w = ensemble_weights(len(guesses), self.coeff)  # (n,)
-            out[j] = (w[:, None] * np.asarray(guesses)).sum(0) / w.sum()
+            out[j] = ensemble_mean(guesses, self.coeff)
         return out
