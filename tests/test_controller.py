@@ -482,7 +482,10 @@ def test_deploy_safe_stop_exits_nonzero(tiny_checkpoint, tmp_path, capsys):
                       "--json", str(out), "--inject-latency-ms", "80", "--max-consecutive-misses", "3"])  # fmt: skip
     assert rc == deploy.SAFE_STOP_EXIT
     report = json.loads(out.read_text())
-    assert report["safe_stop"] and report["end_reason"] == "safe_stop" and report["deadline_misses"] == 3
+    assert report["safe_stop"] and report["end_reason"] == "safe_stop"
+    # It stops on the third miss in a row. A loaded machine can add an isolated miss before those three (a
+    # slow first tick), so the total is at least 3, and the longest run is exactly the stopping one.
+    assert report["max_consecutive_misses_seen"] == 3 and report["deadline_misses"] >= 3
     assert report["async"] and report["elapsed_s"] < 1.0
     assert "safe stop True" in capsys.readouterr().out
 
