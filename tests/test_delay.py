@@ -92,6 +92,22 @@ def test_chunk_execute_is_capped_by_what_can_arrive_in_time():
     assert all(is_hold(a) for a in sent)  # a hold, never a row of a chunk that has run out
 
 
+def test_synchronous_holds_still_while_it_thinks_then_executes_rows_from_row_0():
+    D, S = 2, 3
+    stamp = StampPolicy(chunk=6)
+    sent = drive(DelayedPolicy(stamp, "synchronous", delay=D, execute=S), 15)
+    assert [t for t, _ in stamp.calls] == [0, 5, 10]  # the next inference starts once S rows ran: every S + D ticks
+    for k, a in enumerate(sent):
+        j = k - (k % (S + D))  # the inference under way or done: started on tick j, arrives at j + D
+        if k - j < D:
+            assert is_hold(a), (k, a)  # thinking: the hand stays, so obs j still shows the world when it lands
+        else:
+            np.testing.assert_array_equal(a, [j, k - j - D, 0, GRIP])  # rows 0..S-1, none skipped as stale
+    no_delay = drive(DelayedPolicy(StampPolicy(chunk=6), "synchronous", delay=0, execute=S), 9)
+    np.testing.assert_array_equal(no_delay[:, :2], [[k - k % S, k % S] for k in range(9)])  # at d = 0: no holds
+    assert make_strategy("synchronous", chunk=4).execute_for(3) == 4  # 0 = the whole chunk, whatever the delay
+
+
 def test_ensemble_averages_every_chunks_prediction_for_the_same_absolute_tick():
     D, chunk = 1, 3
     sent = drive(DelayedPolicy(StampPolicy(chunk=chunk), "ensemble", delay=D), 10)
@@ -114,7 +130,7 @@ def test_delay_aware_commits_exactly_the_actions_that_execute_while_it_thinks():
 
 
 def test_strategy_names_and_bad_settings():
-    assert list(STRATEGIES) == ["blocking", "chunk", "ensemble", "delay_aware"]
+    assert list(STRATEGIES) == ["blocking", "chunk", "synchronous", "ensemble", "delay_aware"]
     with pytest.raises(ValueError, match="unknown strategy 'fly'; choose one of blocking"):
         make_strategy("fly", chunk=4)
     with pytest.raises(ValueError, match="--execute 5 must be in 0..4"):
@@ -164,6 +180,7 @@ def test_at_zero_delay_each_strategy_executes_what_todays_evaluation_does(tiny_c
     np.testing.assert_allclose(rollout(DelayedPolicy(raw, "ensemble", delay=0)), today, atol=1e-6)
     no_ensemble = rollout(raw)
     np.testing.assert_allclose(rollout(DelayedPolicy(raw, "chunk", delay=0, execute=1)), no_ensemble, atol=1e-6)
+    np.testing.assert_allclose(rollout(DelayedPolicy(raw, "synchronous", delay=0, execute=1)), no_ensemble, atol=1e-6)
     assert not np.allclose(today, no_ensemble)  # the two references differ, so the equalities say something
 
 

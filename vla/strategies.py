@@ -25,6 +25,11 @@ The strategies (`STRATEGIES`, the names `--strategy` takes):
 - ensemble: infer whenever idle; the action at tick k is the weighted mean of every received chunk's
   prediction for tick k (ACT's temporal ensembling aligned by absolute tick: stale rows and ticks that
   no inference covered simply have no votes), weights exp(-coeff * i), i = 0 the oldest.
+- synchronous: stop and think (the synchronous inference RTC compares against). Execute `execute` rows
+  of each chunk (0 = all of it) from row 0, the tick it arrives; only then start the next inference, on
+  the observation the last of them left, and hold still until it arrives. The hand does not move while
+  the policy thinks, so the chunk still fits the world when it lands: success as at d = 0, bought with
+  time (holds `delay / (execute + delay)` of the ticks) and stop-and-go motion.
 - delay_aware: chunk's schedule, and the actions that will execute while the inference runs (the
   current chunk's rows for ticks k .. k+d-1) go to the policy as committed: a model trained with
   committed action slots (`model.committed_actions`, `train.delay_aware_max`) conditions its new
@@ -119,6 +124,26 @@ class Chunked(Strategy):
         return self._newest_row(tick)
 
 
+class Synchronous(Strategy):
+    name = "synchronous"
+
+    def execute_for(self, delay):
+        return super().execute_for(0)  # rows count from the arrival, so none is stale whatever the delay
+
+    def wants_inference(self, tick, delay):
+        if not self.chunks:
+            return True
+        _, _, arrived = self.chunks[-1]
+        return tick >= arrived + self.execute_for(delay)  # its rows have all run: the world is still from here on
+
+    def act(self, tick):
+        if not self.chunks:
+            return None, "hold"
+        _, actions, arrived = self.chunks[-1]
+        r = tick - arrived  # counted from the arrival: the world held still while it was computed
+        return (actions[r], "policy") if r < self.execute_for(0) else (None, "hold")
+
+
 class Ensemble(Strategy):
     name = "ensemble"
 
@@ -142,7 +167,7 @@ class DelayAware(Chunked):
         return rows.copy() if len(rows) else None
 
 
-STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Blocking, Chunked, Ensemble, DelayAware)}
+STRATEGIES: dict[str, type[Strategy]] = {s.name: s for s in (Blocking, Chunked, Synchronous, Ensemble, DelayAware)}
 
 
 def check_strategy_options(strategy: str, execute: int) -> None:
