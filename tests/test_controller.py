@@ -325,6 +325,19 @@ def test_chunk_strategy_in_wall_clock_replans_by_the_measured_delay(clock):
     assert result.strategy == "chunk" and set(result.delay_ticks) == {2}
 
 
+def test_synchronous_in_wall_clock_holds_while_it_thinks_and_stamps_the_policy_with_its_moves(clock):
+    """70 ms inference arrives 2 ticks later: each 3-action chunk runs rows 0..2 from the tick it arrives,
+    then the hand holds for the 2 ticks of the next inference. FakePolicy's rows carry the step the
+    controller stamped, which counts executed actions, not ticks."""
+    policy = FakePolicy(clock, chunk=3, cost_s=0.07)
+    result, robot = run(clock, policy, strategy="synchronous", seconds=1.0, max_consecutive_misses=0)
+    commands = tick_of_each_command(robot, result)
+    assert [t for t, _ in policy.calls] == [0, 1, 4, 7, 10]  # tick 0's chunk (inline, late) ran its last row only
+    after = [c if isinstance(c, str) else (round(c[0] * 100), round(c[1] * 10)) for _, c in commands[2:]]
+    assert after[:10] == ["hold", "hold", (1, 0), (1, 1), (1, 2), "hold", "hold", (4, 0), (4, 1), (4, 2)]
+    assert result.strategy == "synchronous" and set(result.delay_ticks) == {2}
+
+
 def test_delay_aware_in_wall_clock_commits_what_executes_during_the_inference(clock):
     policy = FakePolicy(clock, chunk=6, cost_s=0.07)
     result, robot = run(clock, policy, strategy="delay_aware", seconds=1.0, max_consecutive_misses=0)

@@ -31,18 +31,22 @@ class StampPolicy:
 
     action_dim = 4
 
-    def __init__(self, chunk=6, committed_slots=False):
-        self.chunk, self.t = chunk, 0
+    def __init__(self, chunk=6, committed_slots=False, steps_are_ticks=True):
+        self.chunk, self.t, self.steps_are_ticks = chunk, 0, steps_are_ticks
         self.calls: list[tuple[int, np.ndarray | None]] = []
+        self.steps: list[int] = []  # the step index stamped on each call
         self.cfg = type("Cfg", (), {"committed_actions": committed_slots})()
 
     def reset(self, instruction):
         self.t = 0
 
     def act_chunk(self, obs, committed=None):
-        assert obs["tick"] == self.t  # the wrapper stamps the tick of the observation it hands over
-        self.calls.append((self.t, None if committed is None else np.array(committed)))
-        rows = np.array([[self.t, r, 0.0, GRIP] for r in range(self.chunk)], np.float32)
+        tick = obs["tick"]
+        if self.steps_are_ticks:
+            assert tick == self.t  # the wrapper stamps the tick of the observation it hands over
+        self.steps.append(self.t)
+        self.calls.append((tick, None if committed is None else np.array(committed)))
+        rows = np.array([[tick, r, 0.0, GRIP] for r in range(self.chunk)], np.float32)
         if committed is not None:
             rows[: len(committed)] = committed
         return rows
@@ -94,16 +98,17 @@ def test_chunk_execute_is_capped_by_what_can_arrive_in_time():
 
 def test_synchronous_holds_still_while_it_thinks_then_executes_rows_from_row_0():
     D, S = 2, 3
-    stamp = StampPolicy(chunk=6)
+    stamp = StampPolicy(chunk=6, steps_are_ticks=False)
     sent = drive(DelayedPolicy(stamp, "synchronous", delay=D, execute=S), 15)
     assert [t for t, _ in stamp.calls] == [0, 5, 10]  # the next inference starts once S rows ran: every S + D ticks
+    assert stamp.steps == [0, 3, 6]  # its clock counts the moves, so the policy's steps are those of d = 0
     for k, a in enumerate(sent):
         j = k - (k % (S + D))  # the inference under way or done: started on tick j, arrives at j + D
         if k - j < D:
             assert is_hold(a), (k, a)  # thinking: the hand stays, so obs j still shows the world when it lands
         else:
             np.testing.assert_array_equal(a, [j, k - j - D, 0, GRIP])  # rows 0..S-1, none skipped as stale
-    no_delay = drive(DelayedPolicy(StampPolicy(chunk=6), "synchronous", delay=0, execute=S), 9)
+    no_delay = drive(DelayedPolicy(StampPolicy(chunk=6, steps_are_ticks=False), "synchronous", delay=0, execute=S), 9)
     np.testing.assert_array_equal(no_delay[:, :2], [[k - k % S, k % S] for k in range(9)])  # at d = 0: no holds
     assert make_strategy("synchronous", chunk=4).execute_for(3) == 4  # 0 = the whole chunk, whatever the delay
 
@@ -180,7 +185,7 @@ def test_at_zero_delay_each_strategy_executes_what_todays_evaluation_does(tiny_c
     np.testing.assert_allclose(rollout(DelayedPolicy(raw, "ensemble", delay=0)), today, atol=1e-6)
     no_ensemble = rollout(raw)
     np.testing.assert_allclose(rollout(DelayedPolicy(raw, "chunk", delay=0, execute=1)), no_ensemble, atol=1e-6)
-    np.testing.assert_allclose(rollout(DelayedPolicy(raw, "synchronous", delay=0, execute=1)), no_ensemble, atol=1e-6)
+    np.testing.assert_allclose(rollout(DelayedPolicy(configured, "synchronous", delay=0, execute=1)), today, atol=1e-6)
     assert not np.allclose(today, no_ensemble)  # the two references differ, so the equalities say something
 
 
@@ -285,7 +290,7 @@ def test_vla_eval_runs_delay_aware_on_a_delay_aware_checkpoint(
     "args, message",
     [
         (["--delay-ticks", "-1"], "--delay-ticks must be >= 0, got -1"),
-        (["--strategy", "fly"], "--strategy 'fly' is not one of blocking, chunk, ensemble, delay_aware"),
+        (["--strategy", "fly"], "--strategy 'fly' is not one of blocking, chunk, synchronous, ensemble, delay_aware"),
         (["--delay-ticks", "1", "--execute", "-2"], "--execute must be >= 0"),
         (["--delay-ticks", "1", "--strategy", "chunk", "--execute", "9"], "--execute 9 must be in 0..2"),
     ],

@@ -301,11 +301,12 @@ class Controller:
         self.guard = guard or ActionGuard.from_robot(robot)
         self.clock, self.sleep, self.make_worker = clock, sleep, worker
         self._rng = np.random.default_rng(self.cfg.seed)
+        self._policy_step: Callable[[int], int] = int  # tick -> the policy's step index (the strategy's, once built)
 
     def _infer(self, obs: dict, tick: int, committed: np.ndarray | None = None) -> np.ndarray:
         """One policy decision (chunk, A), stamped with the tick's index, plus any injected latency."""
         if hasattr(self.policy, "t"):
-            self.policy.t = tick  # the model's step index follows real ticks, also across skipped ones
+            self.policy.t = self._policy_step(tick)  # real ticks, also across skipped ones (synchronous: its moves)
         if committed is None:
             actions = np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
         else:
@@ -330,6 +331,7 @@ class Controller:
         period, budget = cfg.period_s, cfg.budget_ms / 1e3
         plan = cfg.worker_strategy
         worker = self.make_worker(self._infer, self.clock) if plan is not None else None
+        self._policy_step = int
         strategy: Strategy | None = None  # the worker loop's, built once the first chunk tells its length
         measured: deque[int] = deque(maxlen=5)  # ticks the last inferences took to arrive
         result.strategy = plan[0] if plan else "blocking"
@@ -365,6 +367,7 @@ class Controller:
                         current = _Chunk(actions, k) if done <= deadline else current
                     else:
                         strategy = self._strategy(plan, len(actions))
+                        self._policy_step = strategy.policy_step  # the worker stamps its inferences with it
                         measured.append(math.ceil((done - start) / period - 1e-9))
                         strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
                         late_first = done > deadline

@@ -63,7 +63,7 @@ class DelayedPolicy:
 
     def _infer(self, obs: dict, k: int) -> np.ndarray:
         if hasattr(self.policy, "t"):
-            self.policy.t = k  # the model's step index follows the ticks, also across the ones it skipped
+            self.policy.t = self.strategy.policy_step(k)  # the ticks, also those it skipped (synchronous: its moves)
         committed = self.strategy.committed(k, self.delay)
         if committed is None:
             return np.asarray(self.policy.act_chunk(obs), dtype=np.float32)

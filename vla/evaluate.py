@@ -362,7 +362,8 @@ def main(argv: list[str] | None = None) -> int:
         "--strategy",
         default=None,
         metavar="NAME",
-        help="execution strategy under delay: blocking (default), chunk, ensemble, delay_aware (vla/strategies.py)",
+        help="execution strategy under delay: blocking (default), chunk, synchronous, ensemble, delay_aware "
+        "(vla/strategies.py)",
     )
     parser.add_argument(
         "--execute",

@@ -15,6 +15,7 @@ inference time decides the delay estimate `delay`). The loop calls, every tick k
     strategy.wants_inference(k, d)     the inference worker is idle: start one on this tick's observation?
     strategy.committed(k, d)           the actions ticks k .. k+d-1 will execute (handed to delay_aware policies)
     strategy.act(k)                    -> (action (A,) or None = hold still, source)
+    strategy.policy_step(k)            the step index an inference started on tick k stamps on the policy
 
 The strategies (`STRATEGIES`, the names `--strategy` takes):
 - blocking: the naive deployment. Infer whenever idle; each chunk's row 0 (the decision for an
@@ -29,7 +30,9 @@ The strategies (`STRATEGIES`, the names `--strategy` takes):
   of each chunk (0 = all of it) from row 0, the tick it arrives; only then start the next inference, on
   the observation the last of them left, and hold still until it arrives. The hand does not move while
   the policy thinks, so the chunk still fits the world when it lands: success as at d = 0, bought with
-  time (holds `delay / (execute + delay)` of the ticks) and stop-and-go motion.
+  time (holds `delay / (execute + delay)` of the ticks) and stop-and-go motion. The policy runs as
+  configured (its own temporal ensembling too) on a clock that stops while it thinks: its step index
+  counts the actions executed, so at any delay it decides as it would at d = 0.
 - delay_aware: chunk's schedule, and the actions that will execute while the inference runs (the
   current chunk's rows for ticks k .. k+d-1) go to the policy as committed: a model trained with
   committed action slots (`model.committed_actions`, `train.delay_aware_max`) conditions its new
@@ -84,6 +87,11 @@ class Strategy:
     def committed(self, tick: int, delay: int) -> np.ndarray | None:
         return None
 
+    def policy_step(self, tick: int) -> int:
+        """The policy's step index for an inference started on `tick`: the tick itself (time runs on while
+        it thinks, so its chunk's rows stay aligned with the ticks they are for)."""
+        return tick
+
     def act(self, tick: int) -> tuple[np.ndarray | None, str]:
         raise NotImplementedError
 
@@ -126,6 +134,14 @@ class Chunked(Strategy):
 
 class Synchronous(Strategy):
     name = "synchronous"
+    raw_chunks = False  # the policy runs as configured: nothing moves while it thinks, so nothing is stale
+
+    def reset(self):
+        super().reset()
+        self.moves = 0  # ticks that executed a policy row (not a hold)
+
+    def policy_step(self, tick):
+        return self.moves  # held ticks do not count: the policy sees the episode as at d = 0
 
     def execute_for(self, delay):
         return super().execute_for(0)  # rows count from the arrival, so none is stale whatever the delay
@@ -141,7 +157,10 @@ class Synchronous(Strategy):
             return None, "hold"
         _, actions, arrived = self.chunks[-1]
         r = tick - arrived  # counted from the arrival: the world held still while it was computed
-        return (actions[r], "policy") if r < self.execute_for(0) else (None, "hold")
+        if r >= self.execute_for(0):
+            return None, "hold"
+        self.moves += 1
+        return actions[r], "policy"
 
 
 class Ensemble(Strategy):

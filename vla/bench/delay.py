@@ -33,7 +33,7 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--strategies",
         default=None,
-        help="comma-separated strategies (default: blocking,chunk,ensemble, and delay_aware if the checkpoint has it)",
+        help="comma-separated strategies (default: every one; delay_aware only if the checkpoint has committed slots)",
     )
     p.add_argument("--episodes-per-task", type=int, default=50, help="episodes per task and point (default 50)")
     p.add_argument("--execute", type=int, default=0, help="actions per chunk for chunk / delay_aware (0 = chunk - d)")
