@@ -323,10 +323,7 @@ class Controller:
         cfg, robot, guard = self.cfg, self.robot, self.guard
         obs = robot.observe()
         result = RunResult(instruction=obs["instruction"])
-        self.policy.reset(result.instruction)
-        for _ in range(cfg.warmup):  # first calls are slow (allocation, kernel selection): not on the clock
-            self.policy.act_chunk(obs)
-        self.policy.reset(result.instruction)
+        self._warm_up(obs, result.instruction)
         guard.reset()
         period, budget = cfg.period_s, cfg.budget_ms / 1e3
         plan = cfg.worker_strategy
@@ -372,41 +369,17 @@ class Controller:
                         strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
                         late_first = done > deadline
                 else:
-                    for tick, _, out, start, done in worker.poll():
-                        if isinstance(out, Exception):
-                            raise out
-                        result.inference_ms.append((done - start) * 1e3)
-                        measured.append(k - tick)
-                        result.delay_ticks.append(k - tick)
-                        if k - tick < len(out):
-                            strategy.receive(tick, out, k)
-                        else:
-                            result.late_inferences += 1  # every row is for a tick already past
+                    self._collect(worker, strategy, measured, result, k)
                     d = max(measured)
                     if strategy.wants_inference(k, d):
                         worker.submit(obs, k, deadline, strategy.committed(k, d))
 
                 # ---- choose: a fresh decision, else the current chunk's next action, else hold
-                age = None if current is None else k - current.tick
-                if strategy is not None:
-                    raw, source = (None, "hold") if late_first else strategy.act(k)
-                    if source == "hold":
-                        result.deadline_misses += 1
-                        consecutive += 1
-                        result.max_consecutive_misses_seen = max(result.max_consecutive_misses_seen, consecutive)
-                    else:
-                        consecutive = 0
-                elif current is not None and age == 0:
-                    raw, source = current.actions[0], "policy"
-                    consecutive = 0
-                else:
+                raw, source = self._choose(k, strategy, current, late_first)
+                consecutive = 0 if source == "policy" else consecutive + 1
+                if source != "policy":
                     result.deadline_misses += 1
-                    consecutive += 1
                     result.max_consecutive_misses_seen = max(result.max_consecutive_misses_seen, consecutive)
-                    if current is not None and age < len(current.actions):
-                        raw, source = current.actions[age], "chunk"
-                    else:
-                        raw, source = None, "hold"
                 if cfg.max_consecutive_misses and consecutive >= cfg.max_consecutive_misses:
                     robot.hold()
                     result.safe_stop, result.end_reason = True, "safe_stop"
@@ -417,29 +390,13 @@ class Controller:
                     result.fallback_kinds[source] += 1
 
                 # ---- guard and apply
-                if strategy is not None and raw is None:
-                    action = None  # a strategy's hold: the hand stays where it is (no stale motion re-sent)
-                else:
-                    action = guard.last_safe if raw is None else guard(raw)
-                if action is None:
-                    robot.hold()  # nothing safe has been sent yet: stay where we are
-                else:
-                    robot.apply(action)
-                result.executed.append(action)
+                result.executed.append(self._apply(raw, held=strategy is not None and raw is None))
                 if strategy is not None:
                     result.chunk_ticks.append(strategy.newest_tick if source == "policy" else -1)
                 else:
                     result.chunk_ticks.append(-1 if current is None or source == "hold" else current.tick)
                 self._record(result, t_tick, source)
-
-                # ---- sleep to the next boundary on the absolute schedule (skip the ones already past)
-                k += 1
-                now = self.clock()
-                if now > t0 + k * period:
-                    behind = math.floor((now - t0) / period) + 1
-                    result.skipped_ticks += behind - k
-                    k = behind
-                self.sleep(max(0.0, t0 + k * period - self.clock()))
+                k = self._sleep_to_next_tick(t0, k, period, result)
         finally:
             robot.hold()  # whatever ended the loop, leave the robot holding still
             if worker is not None:
@@ -448,6 +405,62 @@ class Controller:
             result.guard = dict(guard.counts)
         result.success = robot.success()
         return result
+
+    def _warm_up(self, obs: dict, instruction: str) -> None:
+        """First calls are slow (allocation, kernel selection): made before the clock starts, then forgotten."""
+        self.policy.reset(instruction)
+        for _ in range(self.cfg.warmup):
+            self.policy.act_chunk(obs)
+        self.policy.reset(instruction)
+
+    @staticmethod
+    def _collect(worker: InferenceWorker, strategy: Strategy, measured: deque, result: RunResult, k: int) -> None:
+        """Hand the worker's finished inferences to the strategy; `measured` gets the ticks each took."""
+        for tick, _, out, start, done in worker.poll():
+            if isinstance(out, Exception):
+                raise out
+            result.inference_ms.append((done - start) * 1e3)
+            measured.append(k - tick)
+            result.delay_ticks.append(k - tick)
+            if k - tick < len(out):
+                strategy.receive(tick, out, k)
+            else:
+                result.late_inferences += 1  # every row is for a tick already past
+
+    @staticmethod
+    def _choose(k: int, strategy: Strategy | None, current: _Chunk | None, late_first: bool):
+        """Tick k's raw action and its source: "policy" (a decision for this tick), "chunk" (the current
+        chunk's row for it, synchronous loop) or "hold" (None)."""
+        if strategy is not None:
+            return (None, "hold") if late_first else strategy.act(k)
+        age = None if current is None else k - current.tick
+        if age == 0:
+            return current.actions[0], "policy"
+        if current is not None and age < len(current.actions):
+            return current.actions[age], "chunk"
+        return None, "hold"
+
+    def _apply(self, raw: np.ndarray | None, held: bool) -> np.ndarray | None:
+        """Guard and send one action; returns what was sent (None: the robot held still). `held`: a
+        strategy's hold, where the hand stays put (no stale motion re-sent); otherwise a missing action
+        repeats the last safe one."""
+        action = None if held else self.guard.last_safe if raw is None else self.guard(raw)
+        if action is None:
+            self.robot.hold()  # nothing safe has been sent yet: stay where we are
+        else:
+            self.robot.apply(action)
+        return action
+
+    def _sleep_to_next_tick(self, t0: float, k: int, period: float, result: RunResult) -> int:
+        """Sleep to the next boundary on the absolute schedule, skipping those already past; its index."""
+        k += 1
+        now = self.clock()
+        if now > t0 + k * period:
+            behind = math.floor((now - t0) / period) + 1
+            result.skipped_ticks += behind - k
+            k = behind
+        self.sleep(max(0.0, t0 + k * period - self.clock()))
+        return k
 
     def _strategy(self, plan: tuple[str, int], chunk: int) -> Strategy:
         """The worker loop's strategy for chunks of `chunk` rows; the policy must hand over its own chunks."""
