@@ -199,7 +199,26 @@ def _run(args) -> int:
     finally:
         robot.close()
 
-    report = {
+    report = make_report(args, config, task, policy, robot.sim_time, result)
+    out = Path(args.json)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    png = out.with_suffix(".png")
+    title = (
+        f"{task} at {args.hz:g} Hz, {result.strategy}, {Path(args.checkpoint).name}, injected {latency:g}±{jitter:g} ms"
+    )
+    save_histogram(png, result.latency_ms, args.budget_ms, title)
+    if not args.quiet:
+        print(format_summary(report, out, png))
+    return SAFE_STOP_EXIT if result.safe_stop else 0
+
+
+def make_report(args, config, task: str, policy, sim_time: float, result) -> dict:
+    """What one deployment run writes to its JSON: the settings it ran with, then the controller's summary."""
+    import torch
+
+    latency, jitter = args.inject_latency_ms
+    return {
         "checkpoint": str(args.checkpoint),
         "task": task,
         "seed": args.seed,
@@ -216,20 +235,9 @@ def _run(args) -> int:
         "max_consecutive_misses": args.max_consecutive_misses,
         "max_delta": args.max_delta or None,
         "limit_gripper": args.limit_gripper,
-        "sim_time_s": robot.sim_time,
+        "sim_time_s": sim_time,
         **result.summary(),
     }
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    png = out.with_suffix(".png")
-    title = (
-        f"{task} at {args.hz:g} Hz, {result.strategy}, {Path(args.checkpoint).name}, injected {latency:g}±{jitter:g} ms"
-    )
-    save_histogram(png, result.latency_ms, args.budget_ms, title)
-    if not args.quiet:
-        print(format_summary(report, out, png))
-    return SAFE_STOP_EXIT if result.safe_stop else 0
 
 
 def format_summary(r: dict, json_path: Path, png: Path) -> str:
