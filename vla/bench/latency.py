@@ -510,6 +510,41 @@ def run(args) -> dict:
     return result
 
 
+def _backend_table(r: dict) -> list[str]:
+    """The streaming step per backend (and recompute) next to the FLOP limit of this machine's matmul peak."""
+    peak = r["matmul_peak_flops_per_s"]
+    lines = [
+        "",
+        f"### Streaming step by backend, next to its FLOP limit (model-card FLOPs / fp32 matmul peak "
+        f"{peak / 1e9:.1f} GFLOP/s measured in this run at {r['threads']} thread(s))",
+        "",
+        "| our decoding | backend | p50 ms | p99 ms | FLOPs/step | FLOP limit ms | measured / limit "
+        "| GFLOP/s | max abs logit diff vs torch |",
+        "|---|---|---:|---:|---:|---:|---:|---:|---|",
+    ]
+    for mode, m in r["by_decoding"].items():
+        fl = m["flop_limit"]
+        for backend, stats in m["backends_ms"].items():
+            if stats is None:
+                lines.append(f"| {mode} | {backend} | n/a | n/a | {fl['flops_per_step'] / 1e6:.1f}M "
+                             f"| {fl['limit_ms']:.3f} | n/a | n/a | (not measured, below) |")  # fmt: skip
+                continue
+            diff = m["backend_max_abs_logit_diff"].get(backend)
+            lines.append(
+                f"| {mode} | {backend} | {stats['p50']:.2f} | {stats['p99']:.2f} | {fl['flops_per_step'] / 1e6:.1f}M "
+                f"| {fl['limit_ms']:.3f} | {fl['measured_over_limit'][backend]:.1f}x "
+                f"| {fl['flops_per_step'] / stats['p50'] / 1e6:.1f} "
+                f"| {'(reference)' if diff is None else f'{diff:.1e}'} |"
+            )
+        lines.append(
+            f"| {mode} | recompute (torch) | {m['recompute_ms']['p50']:.2f} | {m['recompute_ms']['p99']:.2f} "
+            f"| {fl['recompute_flops'] / 1e6:.1f}M | {fl['recompute_limit_ms']:.3f} "
+            f"| {fl['recompute_measured_over_limit']:.1f}x "
+            f"| {fl['recompute_flops'] / m['recompute_ms']['p50'] / 1e6:.1f} | |"
+        )
+    return lines
+
+
 def format_markdown(r: dict) -> str:
     c = r["config"]
 
@@ -539,36 +574,7 @@ def format_markdown(r: dict) -> str:
             f"| {ratio('hf_gpt2_one_pass_over_streaming') if mode == 'parallel' else '(same)'} "
             f"| {m['max_abs_diff']:.1e} |"
         )
-    peak = r["matmul_peak_flops_per_s"]
-    lines += [
-        "",
-        f"### Streaming step by backend, next to its FLOP limit (model-card FLOPs / fp32 matmul peak "
-        f"{peak / 1e9:.1f} GFLOP/s measured in this run at {r['threads']} thread(s))",
-        "",
-        "| our decoding | backend | p50 ms | p99 ms | FLOPs/step | FLOP limit ms | measured / limit "
-        "| GFLOP/s | max abs logit diff vs torch |",
-        "|---|---|---:|---:|---:|---:|---:|---:|---|",
-    ]
-    for mode, m in r["by_decoding"].items():
-        fl = m["flop_limit"]
-        for backend, stats in m["backends_ms"].items():
-            if stats is None:
-                lines.append(f"| {mode} | {backend} | n/a | n/a | {fl['flops_per_step'] / 1e6:.1f}M "
-                             f"| {fl['limit_ms']:.3f} | n/a | n/a | (not measured, below) |")  # fmt: skip
-                continue
-            diff = m["backend_max_abs_logit_diff"].get(backend)
-            lines.append(
-                f"| {mode} | {backend} | {stats['p50']:.2f} | {stats['p99']:.2f} | {fl['flops_per_step'] / 1e6:.1f}M "
-                f"| {fl['limit_ms']:.3f} | {fl['measured_over_limit'][backend]:.1f}x "
-                f"| {fl['flops_per_step'] / stats['p50'] / 1e6:.1f} "
-                f"| {'(reference)' if diff is None else f'{diff:.1e}'} |"
-            )
-        lines.append(
-            f"| {mode} | recompute (torch) | {m['recompute_ms']['p50']:.2f} | {m['recompute_ms']['p99']:.2f} "
-            f"| {fl['recompute_flops'] / 1e6:.1f}M | {fl['recompute_limit_ms']:.3f} "
-            f"| {fl['recompute_measured_over_limit']:.1f}x "
-            f"| {fl['recompute_flops'] / m['recompute_ms']['p50'] / 1e6:.1f} | |"
-        )
+    lines += _backend_table(r)
     lines.append("")
     for mode, m in r["by_decoding"].items():
         reasons = {}
