@@ -63,6 +63,7 @@ TRAIN = Grammar(
         "reach": (
             "{REACH} the {block} {CUBE}",
             "{REACH} the {block} {CUBE} with the gripper",
+            "move the gripper until it is at the {block} {CUBE}",
         ),
         "push": (
             "{PUSH} the {block} {CUBE} {ONTO} the {target} {ZONE}",
@@ -71,10 +72,12 @@ TRAIN = Grammar(
         "pick_place": (
             "{PLACE} the {block} {CUBE} {INTO} the {BIN}",
             "{GRAB} the {block} {CUBE} and {PLACE} it {INTO} the {BIN}",
+            "{PLACE} the {block} {CUBE} so it is {INTO} the {BIN}",
         ),
         "stack": (
             "{STACK} the {block} {CUBE} {ON} the {base} {CUBE}",
             "{GRAB} the {block} {CUBE} and {STACK} it {ON} the {base} {CUBE}",
+            "{STACK} the {block} {CUBE} so it is {ON} the {base} {CUBE}",
         ),
     },
     words={
