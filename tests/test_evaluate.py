@@ -120,6 +120,17 @@ def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_check
     assert (ran["device"], ran["kv_cache"], ran["readout"], ran["temporal_ensemble"]) == ("cpu", False, "argmax", False)
 
 
+def test_vla_eval_threads_sets_the_in_process_evaluation_and_gives_the_caller_its_own_back(tiny_checkpoint, tmp_path):
+    import torch
+
+    out, before = tmp_path / "eval.json", torch.get_num_threads()
+    target = 1 if before > 1 else 2
+    assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--tasks", "reach",
+                 "--threads", str(target), "--json", str(out)]) == 0  # fmt: skip
+    assert json.loads(out.read_text())["torch_threads"] == target
+    assert torch.get_num_threads() == before
+
+
 def test_vla_eval_refuses_an_unknown_policy_setting(tiny_checkpoint, capsys):
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--tasks", "reach",
                  "--policy", "readot=argmax"]) == 2  # fmt: skip
@@ -133,6 +144,8 @@ def test_vla_eval_refuses_an_unknown_policy_setting(tiny_checkpoint, capsys):
         (["--tasks", "fly"], "unknown task"),
         (["--workers", "0"], "--workers must be at least 1"),
         (["--device", "gpu0"], "--device gpu0"),
+        (["--threads", "0"], "--threads must be at least 1"),
+        (["--threads", "2", "--workers", "2"], "with --workers each process uses 1"),
         (["--attention", "x", "--attention-steps", "0,ten"], "--attention-steps"),
     ],
 )

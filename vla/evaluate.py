@@ -5,7 +5,8 @@ Runs the policy on every task it was trained on, with seeds it has not seen (`--
 the mean episode length, and the overall rate, as a table and as JSON:
     {"tasks": {ID: {"success_rate", "episodes", "ci95": [lo, hi], "mean_length"}},
      "overall": {"success_rate", "episodes", "ci95"},
-     "policy": {"device", "kv_cache", "readout", ...}}   (the settings the policy ran with, in every worker)
+     "policy": {"device", "kv_cache", "readout", ...},   (the settings the policy ran with, in every worker)
+     "torch_threads": N}   (per process: --threads in process, 1 in each --workers process)
 `--delay-ticks D --strategy NAME [--execute S]` simulates D control ticks of inference delay in simulated
 time (vla/delay.py, strategies in vla/strategies.py) and adds the smoothness of the executed actions
 (mean absolute jerk, the jump at chunk boundaries) per task under "smoothness".
@@ -335,6 +336,14 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--video", help="write a few episodes per task as mp4 into this directory")
     parser.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
+    parser.add_argument(
+        "--threads",
+        type=int,
+        default=None,
+        metavar="N",
+        help="torch threads of the in-process evaluation (default: torch's, every core; set 1 beside a training "
+        "run); --workers processes use 1 each",
+    )
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
     cli.add_policy_overrides(parser)
     parser.add_argument(
@@ -388,6 +397,23 @@ def main(argv: list[str] | None = None) -> int:
     return cli.run("vla-eval", lambda: _run(args))
 
 
+def _evaluate_in_process(policy, tasks: list[str], args, image_size: int, delay: dict | None) -> dict:
+    """`evaluate` at `--threads` torch threads (default: torch's), then the caller's count again (tests and
+    notebooks keep their own setting)."""
+    import torch
+
+    before = torch.get_num_threads()
+    torch.set_num_threads(args.threads or before)
+    try:
+        result = evaluate(policy, tasks, args.episodes_per_task, args.seed, args.instructions, args.video,
+                          image_size=image_size, delay=delay)  # fmt: skip
+        result["torch_threads"] = torch.get_num_threads()
+    finally:
+        torch.set_num_threads(before)
+    result["policy"] = policy_info(policy)
+    return result
+
+
 def _run(args) -> int:
     import envs
     from vla.policy import load_policy
@@ -396,6 +422,10 @@ def _run(args) -> int:
         raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
     if args.workers < 1:
         raise UserError(f"--workers must be at least 1, got {args.workers}")
+    if args.threads is not None and args.threads < 1:
+        raise UserError(f"--threads must be at least 1, got {args.threads}")
+    if args.threads is not None and args.workers > 1:
+        raise UserError("--threads sets the in-process evaluation's threads; with --workers each process uses 1")
     if args.backend != "torch" and args.attention:
         raise UserError(f"--backend {args.backend} has no attention figures (they read torch's attention maps)")
     delay = delay_options(args.delay_ticks, args.strategy, args.execute)
@@ -434,18 +464,9 @@ def _run(args) -> int:
             args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
             image_size, args.video, args.workers, policy_kwargs, delay,
         )  # fmt: skip
+        result["torch_threads"] = 1
     else:
-        result = evaluate(
-            policy,
-            tasks,
-            args.episodes_per_task,
-            args.seed,
-            args.instructions,
-            args.video,
-            image_size=image_size,
-            delay=delay,
-        )
-        result["policy"] = policy_info(policy)
+        result = _evaluate_in_process(policy, tasks, args, image_size, delay)
     if args.experts:
         add_expert_rates(result, json.loads(Path(args.experts).read_text()), args.seed, args.experts)
     result["seconds"] = time.perf_counter() - start
