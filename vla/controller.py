@@ -376,8 +376,10 @@ class Controller:
 
                 # ---- choose: a fresh decision, else the current chunk's next action, else hold
                 raw, source = self._choose(k, strategy, current, late_first)
-                consecutive = 0 if source == "policy" else consecutive + 1
-                if source != "policy":
+                if source == "policy":
+                    consecutive = 0
+                else:
+                    consecutive += 1
                     result.deadline_misses += 1
                     result.max_consecutive_misses_seen = max(result.max_consecutive_misses_seen, consecutive)
                 if cfg.max_consecutive_misses and consecutive >= cfg.max_consecutive_misses:
