@@ -191,11 +191,14 @@ def policy_info(policy) -> dict:
     return {"device": str(policy.device), **to_dict(policy.config)}
 
 
+WORKER_THREADS = 1  # torch threads in each --workers process: N processes share the cores, one thread each
+
+
 def _worker(job: tuple) -> tuple[str, list[dict], dict]:
     checkpoint, policy_kwargs, task, seeds, instructions, image_size, video_dir, n_videos, delay = job
     import torch
 
-    torch.set_num_threads(1)
+    torch.set_num_threads(WORKER_THREADS)
     from vla.policy import load_policy
 
     policy = info_of = load_policy(checkpoint, **policy_kwargs)
@@ -464,7 +467,7 @@ def _run(args) -> int:
             args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
             image_size, args.video, args.workers, policy_kwargs, delay,
         )  # fmt: skip
-        result["torch_threads"] = 1
+        result["torch_threads"] = WORKER_THREADS
     else:
         result = _evaluate_in_process(policy, tasks, args, image_size, delay)
     if args.experts:
