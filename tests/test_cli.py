@@ -2,6 +2,10 @@
 
 from __future__ import annotations
 
+import subprocess
+import sys
+from pathlib import Path
+
 import h5py
 import pytest
 
@@ -103,3 +107,21 @@ def test_vla_data_bug_propagates_but_a_damaged_file_is_one_line(monkeypatch, tmp
     monkeypatch.setattr(data_cli, "summarize", raising(ValueError("a bug, not bad input")))
     with pytest.raises(ValueError, match="a bug"):
         data_cli.main(["info", str(damaged)])
+
+
+@pytest.mark.parametrize(
+    "script, says",
+    [
+        ("vla-collect", "--episodes-per-task"),
+        ("vla-data", "validate"),
+        ("vla-eval", "--checkpoint"),
+        ("vla-deploy", "--budget-ms"),
+    ],  # fmt: skip
+)
+def test_console_script_is_installed_and_starts_in_its_own_process(script, says):
+    """The installed entry point, in a fresh process. (The whole runs of these commands are tested in process;
+    vla-train and vla-export run as processes in test_smoke and test_export.)"""
+    exe = Path(sys.executable).parent / script
+    assert exe.exists(), f"no {exe}: install the package (make setup) so the console scripts exist"
+    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
+    assert r.returncode == 0 and f"usage: {script}" in r.stdout and says in r.stdout, r.stderr

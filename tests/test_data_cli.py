@@ -4,9 +4,6 @@ from __future__ import annotations
 
 import json
 import shutil
-import subprocess
-import sys
-from pathlib import Path
 
 import h5py
 import numpy as np
@@ -45,13 +42,6 @@ def test_help(cmd, capsys):
         main([*cmd, "--help"])
     assert e.value.code == 0
     assert "usage: vla-data" in capsys.readouterr().out
-
-
-def test_console_script_is_installed():
-    exe = Path(sys.executable).parent / "vla-data"
-    assert exe.exists(), f"no {exe}: install the package (make setup) so the console scripts exist"
-    r = subprocess.run([exe, "--help"], capture_output=True, text=True, timeout=60)
-    assert r.returncode == 0 and "validate" in r.stdout
 
 
 def test_info_text_and_json(files, capsys):

@@ -30,12 +30,13 @@ def test_demo_path_end_to_end_at_toy_size(tmp_path):
     policy = load_policy(run, device="cpu")
     assert policy.cfg.film and policy.cfg.keypoints == 8 and policy.spec.aux_dim == 6 and policy.model.layout.feeds_aux
 
-    r = run_cli("vla.evaluate", "--checkpoint", run, "--tasks", "reach", "--episodes-per-task", "1",
+    # eval and deploy in this process: their console scripts start in their own (tests/test_cli.py)
+    r = run_main("vla.evaluate", "--checkpoint", run, "--tasks", "reach", "--episodes-per-task", "1",
                 "--json", tmp_path / "eval.json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     assert json.loads((tmp_path / "eval.json").read_text())["tasks"]["tabletop/Reach-v0"]["episodes"] == 1
 
-    r = run_cli("vla.deploy", "--checkpoint", run, "--task", "pick_place", "--hz", 20, "--budget-ms", 50,
+    r = run_main("vla.deploy", "--checkpoint", run, "--task", "pick_place", "--hz", 20, "--budget-ms", 50,
                 "--seconds", 0.5, "--json", tmp_path / "deploy.json")  # fmt: skip
     assert r.returncode == 0, r.stderr
     report = json.loads((tmp_path / "deploy.json").read_text())

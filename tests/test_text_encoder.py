@@ -20,7 +20,7 @@ import transformers
 from safetensors.torch import load_file
 
 import envs  # noqa: F401 - registers the tasks
-from tests.conftest import run_cli
+from tests.conftest import run_main
 from vla.checkpoint import load_meta
 from vla.config import ConfigError
 from vla.distributed import Distributed
@@ -242,7 +242,7 @@ def test_loading_against_a_changed_encoder_is_refused_in_one_line(run, encoder, 
         message = str(e.value)
         assert "\n" not in message and str(encoder.resolve()) in message, message
         assert recorded in message and changed in message, message
-        result = run_cli("vla.evaluate", "--checkpoint", run, "--episodes-per-task", "1", "--json", tmp_path / "e.json")
+        result = run_main("vla.evaluate", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json")
         err = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(err) == 1 and recorded in err[0] and changed in err[0], result.stderr
         assert not (tmp_path / "e.json").exists()

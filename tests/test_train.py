@@ -188,6 +188,7 @@ def _ddp_rank_with_a_nan_loss(rank: int, world: int, port: int, data: str, out: 
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
                       MASTER_PORT=str(port))  # fmt: skip
+    torch.set_num_threads(1)  # a forked child must not enter an OpenMP pool its parent may have started
     from vla import train as train_module
     from vla.model import ActionTransformer
 
@@ -219,7 +220,7 @@ def test_ddp_a_nonfinite_loss_on_one_rank_stops_every_rank_instead_of_hanging(ti
         port = s.getsockname()[1]
     ctx = mp.start_processes(
         _ddp_rank_with_a_nan_loss, args=(2, port, str(tiny_dataset), str(tmp_path)), nprocs=2, join=False,
-        start_method="spawn",
+        start_method="fork",  # the ranks only train (no GL context): forking spares each a fresh torch import
     )  # fmt: skip
     deadline = time.time() + 120
     while not ctx.join(timeout=5):
