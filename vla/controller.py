@@ -355,19 +355,15 @@ class Controller:
                 # ---- infer: inline (sync, and the first tick of the worker loop) or collect the worker's results
                 late_first = False
                 if worker is None or k == 0:
-                    start = self.clock()
-                    actions = self._infer(obs, k)
-                    done = self.clock()
-                    result.inference_ms.append((done - start) * 1e3)
-                    result.late_inferences += done > deadline
+                    actions, took, late = self._infer_inline(obs, k, deadline, result)
                     if worker is None:
-                        current = _Chunk(actions, k) if done <= deadline else current
+                        current = current if late else _Chunk(actions, k)
                     else:
                         strategy = self._strategy(plan, len(actions))
                         self._policy_step = strategy.policy_step  # the worker stamps its inferences with it
-                        measured.append(math.ceil((done - start) / period - 1e-9))
+                        measured.append(math.ceil(took / period - 1e-9))
                         strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
-                        late_first = done > deadline
+                        late_first = late
                 else:
                     self._collect(worker, strategy, measured, result, k)
                     d = max(measured)
@@ -376,12 +372,7 @@ class Controller:
 
                 # ---- choose: a fresh decision, else the current chunk's next action, else hold
                 raw, source = self._choose(k, strategy, current, late_first)
-                if source == "policy":
-                    consecutive = 0
-                else:
-                    consecutive += 1
-                    result.deadline_misses += 1
-                    result.max_consecutive_misses_seen = max(result.max_consecutive_misses_seen, consecutive)
+                consecutive = self._count_miss(result, source, consecutive)
                 if cfg.max_consecutive_misses and consecutive >= cfg.max_consecutive_misses:
                     robot.hold()
                     result.safe_stop, result.end_reason = True, "safe_stop"
@@ -393,10 +384,7 @@ class Controller:
 
                 # ---- guard and apply
                 result.executed.append(self._apply(raw, held=strategy is not None and raw is None))
-                if strategy is not None:
-                    result.chunk_ticks.append(strategy.newest_tick if source == "policy" else -1)
-                else:
-                    result.chunk_ticks.append(-1 if current is None or source == "hold" else current.tick)
+                result.chunk_ticks.append(self._chunk_tick(strategy, current, source))
                 self._record(result, t_tick, source)
                 k = self._sleep_to_next_tick(t0, k, period, result)
         finally:
@@ -428,6 +416,32 @@ class Controller:
                 strategy.receive(tick, out, k)
             else:
                 result.late_inferences += 1  # every row is for a tick already past
+
+    def _infer_inline(self, obs: dict, k: int, deadline: float, result: RunResult) -> tuple[np.ndarray, float, bool]:
+        """Infer on this thread (the synchronous loop; the worker loop's first tick): the chunk, the seconds it
+        took and whether it came after the deadline."""
+        start = self.clock()
+        actions = self._infer(obs, k)
+        done = self.clock()
+        result.inference_ms.append((done - start) * 1e3)
+        result.late_inferences += done > deadline
+        return actions, done - start, done > deadline
+
+    @staticmethod
+    def _count_miss(result: RunResult, source: str, consecutive: int) -> int:
+        """Count a tick without a fresh decision as a deadline miss; returns the consecutive misses so far."""
+        if source == "policy":
+            return 0
+        result.deadline_misses += 1
+        result.max_consecutive_misses_seen = max(result.max_consecutive_misses_seen, consecutive + 1)
+        return consecutive + 1
+
+    @staticmethod
+    def _chunk_tick(strategy: Strategy | None, current: _Chunk | None, source: str) -> int:
+        """The tick whose chunk this tick's action came from; -1 for none (a hold, a fallback of the worker loop)."""
+        if strategy is not None:
+            return strategy.newest_tick if source == "policy" else -1
+        return -1 if current is None or source == "hold" else current.tick
 
     @staticmethod
     def _choose(k: int, strategy: Strategy | None, current: _Chunk | None, late_first: bool):

@@ -396,87 +396,95 @@ def build_parser() -> argparse.ArgumentParser:
     return p
 
 
-def _run(args: argparse.Namespace) -> int:
-    if args.cmd == "info":
-        mapped = args.image_key or args.proprio_keys or args.instruction
-        if _layout(args) == "ours" and not mapped:
-            s = summarize(args.file)
-        else:
-            s = summarize_source(args.file, **source_options(args))
-        if args.json:
-            print(json.dumps(s, indent=2))
-        else:
-            print_info(s)
-        return 0
-    if args.cmd == "validate":
-        from vla.validate import validate
+def _info(args: argparse.Namespace) -> int:
+    mapped = args.image_key or args.proprio_keys or args.instruction
+    if _layout(args) == "ours" and not mapped:
+        s = summarize(args.file)
+    else:
+        s = summarize_source(args.file, **source_options(args))
+    if args.json:
+        print(json.dumps(s, indent=2))
+    else:
+        print_info(s)
+    return 0
 
-        problems = validate(args.file, **source_options(args))
-        for line in problems:
-            print(line)
-        if problems:
-            print(f"{args.file}: INVALID ({len(problems)} problem{'s' if len(problems) > 1 else ''})", file=sys.stderr)
-            return 1
-        from vla.sources import open_source
 
-        with open_source(args.file, **source_options(args)) as src:
-            names = src.names("")
-            steps = sum(src.meta(n)["num_samples"] for n in names)
-            print(f"{args.file}: valid ({len(names)} demos, {steps} steps, {src.layout} layout)")
-        return 0
-    if args.cmd == "convert":
-        from vla.convert import convert
+def _validate(args: argparse.Namespace) -> int:
+    from vla.sources import open_source
+    from vla.validate import validate
 
-        if not 0 <= args.valid_fraction < 1:
-            raise CliError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
-        r = convert(args.src, args.dst, codec=args.codec, force=args.force, quiet=args.quiet, **source_options(args))
-        if args.json:
-            print(json.dumps(r, indent=2))
-        else:
-            video = f", video {r['codec']} at {r['fps']} fps" if "codec" in r else ""
-            print(
-                f"wrote {r['out']}: {r['episodes']} episodes, {r['frames']} frames in {r['seconds']:.1f} s "
-                f"({r['frames_per_s']:.0f} frames/s){video}"
-            )
-        return 0
-    if args.cmd == "merge":
-        if not 0 <= args.valid_fraction < 1:
-            raise CliError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
-        n = merge(args.out, args.inputs, args.valid_fraction, args.force)
-        print(f"wrote {args.out}: {n} demos from {len(args.inputs)} files")
-        return 0
-    if args.cmd == "replay":
-        r = replay(args.file, args.demo, args.video, args.scale)
-        ok = (
-            r["max_drift"] <= args.tol
-            and r["instruction_reproduced"]
-            and r["recorded_success"]
-            in (
-                None,
-                r["replayed_success"],
-            )
+    problems = validate(args.file, **source_options(args))
+    for line in problems:
+        print(line)
+    if problems:
+        print(f"{args.file}: INVALID ({len(problems)} problem{'s' if len(problems) > 1 else ''})", file=sys.stderr)
+        return 1
+    with open_source(args.file, **source_options(args)) as src:
+        names = src.names("")
+        steps = sum(src.meta(n)["num_samples"] for n in names)
+        print(f"{args.file}: valid ({len(names)} demos, {steps} steps, {src.layout} layout)")
+    return 0
+
+
+def _convert(args: argparse.Namespace) -> int:
+    from vla.convert import convert
+
+    if not 0 <= args.valid_fraction < 1:
+        raise CliError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
+    r = convert(args.src, args.dst, codec=args.codec, force=args.force, quiet=args.quiet, **source_options(args))
+    if args.json:
+        print(json.dumps(r, indent=2))
+    else:
+        video = f", video {r['codec']} at {r['fps']} fps" if "codec" in r else ""
+        print(
+            f"wrote {r['out']}: {r['episodes']} episodes, {r['frames']} frames in {r['seconds']:.1f} s "
+            f"({r['frames_per_s']:.0f} frames/s){video}"
         )
-        if args.json:
-            print(json.dumps({**r, "ok": ok}, indent=2))
-        else:
-            print(
-                f"{r['file']} {r['demo']} ({r['task']}, seed {r['seed']}): {r['steps']} steps, "
-                f"state drift max {r['max_drift']:.3g} final {r['final_drift']:.3g}, "
-                f"max image diff {r['max_image_diff']}, "
-                f"instruction {'ok' if r['instruction_reproduced'] else 'DIFFERS'}, "
-                f"success recorded {r['recorded_success']} replayed {r['replayed_success']}"
-            )
-            if args.per_step:
-                for t, d in enumerate(r["drift_per_step"]):
-                    print(f"  step {t + 1:4d}  drift {d:.3g}")
-            if args.video:
-                print(f"video: {args.video}")
-        if not ok:
-            print(
-                f"vla-data: replay of {r['demo']} does not reproduce the recording (tol {args.tol:g})", file=sys.stderr
-            )
-        return 0 if ok else 1
-    raise CliError(f"unknown command {args.cmd}")
+    return 0
+
+
+def _merge(args: argparse.Namespace) -> int:
+    if not 0 <= args.valid_fraction < 1:
+        raise CliError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
+    n = merge(args.out, args.inputs, args.valid_fraction, args.force)
+    print(f"wrote {args.out}: {n} demos from {len(args.inputs)} files")
+    return 0
+
+
+def _replay(args: argparse.Namespace) -> int:
+    r = replay(args.file, args.demo, args.video, args.scale)
+    ok = (
+        r["max_drift"] <= args.tol
+        and r["instruction_reproduced"]
+        and r["recorded_success"] in (None, r["replayed_success"])
+    )
+    if args.json:
+        print(json.dumps({**r, "ok": ok}, indent=2))
+    else:
+        print(
+            f"{r['file']} {r['demo']} ({r['task']}, seed {r['seed']}): {r['steps']} steps, "
+            f"state drift max {r['max_drift']:.3g} final {r['final_drift']:.3g}, "
+            f"max image diff {r['max_image_diff']}, "
+            f"instruction {'ok' if r['instruction_reproduced'] else 'DIFFERS'}, "
+            f"success recorded {r['recorded_success']} replayed {r['replayed_success']}"
+        )
+        if args.per_step:
+            for t, d in enumerate(r["drift_per_step"]):
+                print(f"  step {t + 1:4d}  drift {d:.3g}")
+        if args.video:
+            print(f"video: {args.video}")
+    if not ok:
+        print(f"vla-data: replay of {r['demo']} does not reproduce the recording (tol {args.tol:g})", file=sys.stderr)
+    return 0 if ok else 1
+
+
+COMMANDS = {"info": _info, "validate": _validate, "convert": _convert, "merge": _merge, "replay": _replay}
+
+
+def _run(args: argparse.Namespace) -> int:
+    if args.cmd not in COMMANDS:
+        raise CliError(f"unknown command {args.cmd}")
+    return COMMANDS[args.cmd](args)
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -296,9 +296,9 @@ def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
     }  # fmt: skip
 
 
-def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None = None) -> dict:
-    device, ddp = setup_processes(cfg)
-    state = resume.train_state() if resume else None
+def prepare_data(cfg: TrainConfig, data_path: str, resume: Checkpoint | None, state: dict | None):
+    """The data (with a resumed run's tokenizers) and the config completed by what the data decides; a resume
+    on another dataset is refused."""
     if not resume:
         cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
     data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
@@ -312,6 +312,13 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
             f"--data {data_path} is not the dataset this run started on ({resume.meta['data']}; "
             f"fingerprint {data.fingerprint} != {state['data_fingerprint']}); resume with that dataset"
         )
+    return cfg, data
+
+
+def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None = None) -> dict:
+    device, ddp = setup_processes(cfg)
+    state = resume.train_state() if resume else None
+    cfg, data = prepare_data(cfg, data_path, resume, state)
     model = ActionTransformer(cfg.model, data.spec).to(device)
     optimizer, scheduler = build_optimizer(model, cfg, device)
     torch.manual_seed(cfg.train.seed * 1_000_003 + ddp.rank)  # dropout: each rank its own masks

@@ -64,10 +64,8 @@ def run(args) -> dict:
 
     import envs
     from vla import cli
-    from vla.delay import raw_chunk_overrides
-    from vla.evaluate import EVAL_SEED, delay_options, evaluate, evaluate_parallel, policy_info
+    from vla.evaluate import EVAL_SEED, delay_options
     from vla.policy import load_policy
-    from vla.strategies import STRATEGIES
 
     os.environ.setdefault("MUJOCO_GL", "egl")
     delays = parse_list(args.delays, "delays", int)
@@ -80,12 +78,7 @@ def run(args) -> dict:
         delay_options(d, "blocking", args.execute)  # ... and for a negative delay or execute
     device = cli.device(args.device)
     plain = load_policy(args.checkpoint, device=device)
-    has_committed = plain.cfg.committed_actions
-    strategies = asked or [s for s in STRATEGIES if s != "delay_aware" or has_committed]
-    if asked is None and not has_committed:
-        print("vla-bench delay: delay_aware left out: this checkpoint has no committed action slots", file=sys.stderr)
-    if "delay_aware" in strategies and not has_committed:
-        raise UserError("--strategies delay_aware needs a checkpoint trained with model.committed_actions=true")
+    strategies = _strategies(asked, plain.cfg.committed_actions)
     trained = plain.meta.get("tasks") or envs.TASKS
     tasks = (
         list(trained)
@@ -99,7 +92,7 @@ def run(args) -> dict:
     (out / "points").mkdir(parents=True, exist_ok=True)
     settings = {"checkpoint": str(args.checkpoint), "tasks": tasks, "episodes_per_task": args.episodes_per_task,
                 "seed": seed, "execute": args.execute}  # fmt: skip
-    policies = {}  # per override set, for the in-process path
+    policies = {}  # per override set, for the in-process path (_evaluate_point)
     points = []
     bar = tqdm([(s, d) for s in strategies for d in delays], desc="delay sweep", file=sys.stderr)
     for strategy, d in bar:
@@ -110,20 +103,7 @@ def run(args) -> dict:
             if saved.get("settings") == settings:
                 points.append(saved)
                 continue
-        delay = delay_options(d, strategy, args.execute)
-        overrides = raw_chunk_overrides(strategy)
-        if args.workers > 1:
-            result = evaluate_parallel(args.checkpoint, tasks, args.episodes_per_task, seed, "own",
-                                       plain.spec.image_size, None, args.workers, {"device": device, **overrides},
-                                       delay, progress=False)  # fmt: skip
-        else:
-            key = tuple(sorted(overrides.items()))
-            if key not in policies:
-                policies[key] = load_policy(args.checkpoint, device=device, **overrides) if overrides else plain
-            policy = policies[key]
-            result = evaluate(policy, tasks, args.episodes_per_task, seed, image_size=plain.spec.image_size,
-                              progress=False, delay=delay)  # fmt: skip
-            result["policy"] = policy_info(policy)
+        result = _evaluate_point(args, plain, policies, strategy, d, tasks, seed, device)
         point = {"strategy": strategy, "delay_ticks": d, "settings": settings, **result}
         path.write_text(json.dumps(point, indent=2) + "\n")  # as it goes: a rerun resumes from here
         points.append(point)
@@ -139,6 +119,40 @@ def run(args) -> dict:
         shutil.copyfile(png, args.docs)
         summary["docs_plot"] = str(args.docs)
     return summary
+
+
+def _strategies(asked: list[str] | None, has_committed: bool) -> list[str]:
+    """The strategies to sweep: those asked for, else every one the checkpoint can run."""
+    from vla.strategies import STRATEGIES
+
+    strategies = asked or [s for s in STRATEGIES if s != "delay_aware" or has_committed]
+    if asked is None and not has_committed:
+        print("vla-bench delay: delay_aware left out: this checkpoint has no committed action slots", file=sys.stderr)
+    if "delay_aware" in strategies and not has_committed:
+        raise UserError("--strategies delay_aware needs a checkpoint trained with model.committed_actions=true")
+    return strategies
+
+
+def _evaluate_point(args, plain, policies: dict, strategy: str, d: int, tasks: list[str], seed: int, device) -> dict:
+    """One point of the sweep: vla-eval's result for `strategy` at delay d, in worker processes or in this one
+    (`policies` keeps the policies built here, one per override set)."""
+    from vla.delay import raw_chunk_overrides
+    from vla.evaluate import delay_options, evaluate, evaluate_parallel, policy_info
+    from vla.policy import load_policy
+
+    delay = delay_options(d, strategy, args.execute)
+    overrides = raw_chunk_overrides(strategy)
+    if args.workers > 1:
+        options = {"device": device, **overrides}
+        return evaluate_parallel(args.checkpoint, tasks, args.episodes_per_task, seed, "own", plain.spec.image_size,
+                                 None, args.workers, options, delay, progress=False)  # fmt: skip
+    key = tuple(sorted(overrides.items()))
+    if key not in policies:
+        policies[key] = load_policy(args.checkpoint, device=device, **overrides) if overrides else plain
+    policy = policies[key]
+    result = evaluate(policy, tasks, args.episodes_per_task, seed, image_size=plain.spec.image_size, progress=False,
+                      delay=delay)  # fmt: skip
+    return {**result, "policy": policy_info(policy)}
 
 
 def _row(point: dict) -> dict:
