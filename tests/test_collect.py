@@ -136,7 +136,7 @@ def test_failed_seeds_are_recorded_and_never_retried(tmp_path, capsys):
 def test_keep_failed_keeps_every_attempt(tmp_path):
     out = tmp_path / "all.hdf5"
     argv = ["--tasks", STACK, "--episodes-per-task", "2", "--noise", "3", "--keep-failed", "--out", str(out)]
-    assert collect_main([*argv, "--quiet", "--workers", "2"]) == 0
+    assert collect_main([*argv, "--quiet", "--workers", "1"]) == 0
     assert validate(out) == []
     with open_dataset(out) as f:
         metas = [demo_meta(f, n) for n in demo_names(f)]

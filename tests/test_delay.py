@@ -307,7 +307,7 @@ def test_vla_eval_bad_delay_input_is_one_line_and_exit_2(tiny_checkpoint, tmp_pa
 def test_vla_eval_delay_flags_write_the_usual_json_plus_delay_and_smoothness(tiny_checkpoint, tmp_path):
     out = tmp_path / "eval.json"
     assert eval_main(["--checkpoint", str(tiny_checkpoint), "--tasks", "reach", "--episodes-per-task", "2",
-                      "--workers", "2", "--delay-ticks", "1", "--strategy", "ensemble",
+                      "--delay-ticks", "1", "--strategy", "ensemble",
                       "--json", str(out)]) == 0  # fmt: skip
     result = json.loads(out.read_text())
     assert result["tasks"]["tabletop/Reach-v0"]["episodes"] == 2 and result["overall"]["episodes"] == 2

@@ -113,11 +113,14 @@ def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_check
     out = tmp_path / "eval.json"
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "2", "--json", str(out),
                  "--tasks", "reach", "--workers", "2", "--device", "cpu", "--no-kv-cache",
-                 "--policy", "readout=argmax", "--policy", "temporal_ensemble=false"]) == 0  # fmt: skip
+                 "--policy", "readout=argmax", "--policy", "temporal_ensemble=false",
+                 "--delay-ticks", "1", "--strategy", "blocking"]) == 0  # fmt: skip
     result = json.loads(out.read_text())
     check_contract(result, ["tabletop/Reach-v0"], 2)  # one episode in each worker
     ran = result["policy"]  # what every worker built (they must agree)
     assert (ran["device"], ran["kv_cache"], ran["readout"], ran["temporal_ensemble"]) == ("cpu", False, "argmax", False)
+    assert (result["delay"]["delay_ticks"], result["delay"]["strategy"]) == (1, "blocking")  # the workers' simulation
+    assert set(result["smoothness"]) == {"tabletop/Reach-v0", "overall"}
 
 
 def test_vla_eval_threads_sets_the_in_process_evaluation_and_gives_the_caller_its_own_back(tiny_checkpoint, tmp_path):

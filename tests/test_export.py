@@ -90,8 +90,8 @@ def cli_export(tiny_checkpoint, tmp_path_factory):
 @pytest.mark.slow
 @uses_cli_export
 def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
-    """vla-export writes the graphs (fp32 and int8) and manifest, checks parity itself; full rollouts of every
-    task agree."""
+    """vla-export writes the graphs (fp32 and int8) and manifest, checks parity itself (every task's first
+    steps); full rollouts agree."""
     result, out = cli_export
     assert result.returncode == 0, result.stderr
     assert result.stdout.count("parity fp32 tabletop/") == result.stdout.count("parity int8 tabletop/") == 4
@@ -111,7 +111,8 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     assert mask_inputs == {"instr_valid", "slot_timestep", "slot_valid", "timestep", "slot"}
     assert {"text", "action", "proprio"} <= set(manifest["tokenizers"])
     policy = load_policy(tiny_checkpoint, device="cpu")
-    diffs = parity(policy, load_policy(out, backend="onnxruntime"), envs.TASKS, steps=None)
+    # two tasks' full rollouts here; the default architecture's test below runs every task's
+    diffs = parity(policy, load_policy(out, backend="onnxruntime"), envs.TASKS[:2], steps=None)
     assert max(diffs.values()) <= TOL, diffs
 
 

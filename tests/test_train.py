@@ -12,7 +12,6 @@ import pytest
 import torch
 
 import envs  # noqa: F401 - registers the tasks
-from tests.conftest import run_cli
 from vla.checkpoint import load_meta
 from vla.policy import load_policy
 from vla.train import main as train_main
@@ -168,27 +167,50 @@ def test_nonfinite_loss_stops_with_step_and_demos(tiny_dataset, tmp_path, capsys
     assert summary["skipped_nonfinite"] > 0 and summary["finished"]
 
 
+def _launch_ranks(rank_fn, *args, world: int = 2, timeout: float = 120) -> None:
+    """Run `rank_fn(rank, *args)` in `world` forked processes with the environment torchrun gives each rank
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; gloo on CPU). Forked: the ranks only train (no GL
+    context), and each spared a fresh torch import is ~2 s of CPU a rank. A hang fails after `timeout`."""
+    import socket
+
+    import torch.multiprocessing as mp
+
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        port = s.getsockname()[1]
+    ctx = mp.start_processes(_as_rank, args=(world, port, rank_fn, args), nprocs=world, join=False,
+                             start_method="fork")  # fmt: skip
+    deadline = time.time() + timeout
+    while not ctx.join(timeout=5):
+        assert time.time() < deadline, f"DDP ranks still running after {timeout:.0f} s (hung?)"
+
+
+def _as_rank(rank: int, world: int, port: int, rank_fn, args) -> None:
+    import os
+
+    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
+                      MASTER_PORT=str(port))  # fmt: skip
+    torch.set_num_threads(1)  # a forked child must not enter an OpenMP pool its parent may have started
+    rank_fn(rank, *args)
+
+
+def _train_main_rank(rank: int, data: str, out: str) -> None:
+    assert train_main(["--config", TINY, "--data", data, "--out", out, "train.steps=6", "train.log_every=2"]) == 0
+
+
 @pytest.mark.slow
 def test_ddp_two_processes_hold_identical_weights(tiny_dataset, tmp_path):
+    """vla-train's main on two ranks, as `torchrun --nproc-per-node 2 -m vla.train ...` starts it."""
     out = tmp_path / "ddp"
-    proc = run_cli(
-        "torch.distributed.run", "--standalone", "--nproc-per-node", "2", "-m", "vla.train",
-        "--config", TINY, "--data", tiny_dataset, "--out", out, "train.steps=6", "train.log_every=2",
-    )  # fmt: skip
-    assert proc.returncode == 0, proc.stderr[-2000:]
+    _launch_ranks(_train_main_rank, str(tiny_dataset), str(out))
     summary = json.loads((out / "summary.json").read_text())
     assert summary["world_size"] == 2 and summary["finished"]
     digests = summary["rank_weight_digests"]
     assert len(digests) == 2 and digests[0] == digests[1]
 
 
-def _ddp_rank_with_a_nan_loss(rank: int, world: int, port: int, data: str, out: str) -> None:
+def _rank_with_a_nan_loss(rank: int, data: str, out: str) -> None:
     """A DDP rank in which rank 1 alone sees a non-finite loss (its model's forward is patched)."""
-    import os
-
-    os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
-    torch.set_num_threads(1)  # a forked child must not enter an OpenMP pool its parent may have started
     from vla import train as train_module
     from vla.model import ActionTransformer
 
@@ -202,7 +224,7 @@ def _ddp_rank_with_a_nan_loss(rank: int, world: int, port: int, data: str, out: 
         ActionTransformer.forward = poisoned
     cfg = train_module.load_config(TINY, ["train.steps=4", "train.device=cpu"])
     try:
-        train_module.train(cfg, data, __import__("pathlib").Path(out))
+        train_module.train(cfg, data, Path(out))
     except train_module.NonFiniteError:
         Path(out, f"rank{rank}.nonfinite").write_text(str(torch.initial_seed()))  # the rank's dropout seed
         return
@@ -211,20 +233,7 @@ def _ddp_rank_with_a_nan_loss(rank: int, world: int, port: int, data: str, out: 
 
 @pytest.mark.slow
 def test_ddp_a_nonfinite_loss_on_one_rank_stops_every_rank_instead_of_hanging(tiny_dataset, tmp_path):
-    import socket
-
-    import torch.multiprocessing as mp
-
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.start_processes(
-        _ddp_rank_with_a_nan_loss, args=(2, port, str(tiny_dataset), str(tmp_path)), nprocs=2, join=False,
-        start_method="fork",  # the ranks only train (no GL context): forking spares each a fresh torch import
-    )  # fmt: skip
-    deadline = time.time() + 120
-    while not ctx.join(timeout=5):
-        assert time.time() < deadline, "DDP ranks hung on a non-finite loss"
+    _launch_ranks(_rank_with_a_nan_loss, str(tiny_dataset), str(tmp_path))
     assert sorted(p.name for p in tmp_path.glob("rank*")) == ["rank0.nonfinite", "rank1.nonfinite"]
     seeds = {(tmp_path / f"rank{r}.nonfinite").read_text() for r in (0, 1)}
     assert len(seeds) == 2  # each rank draws its own dropout masks (the weights start equal: DDP checks that)
