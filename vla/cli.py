@@ -76,6 +76,17 @@ def add_policy_overrides(parser) -> None:
     )  # fmt: skip
 
 
+def add_backend(parser) -> None:
+    """`--backend`: the checkpoint in torch, or its ONNX export on onnxruntime (vla-eval, vla-deploy)."""
+    from vla.policy_config import BACKENDS
+
+    parser.add_argument(
+        "--backend", choices=BACKENDS, default="torch",
+        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime, fp32 or "
+        "the int8 step graph (vla-export --int8)",
+    )  # fmt: skip
+
+
 def policy_overrides(items: list[str]) -> dict:
     """Parse `--policy KEY=VALUE` items (YAML scalars: 4, false, 0.5); the keys are checked by load_policy."""
     import yaml

@@ -26,7 +26,6 @@ from pathlib import Path
 
 from vla import cli
 from vla.errors import UserError
-from vla.policy_config import BACKENDS
 
 SAFE_STOP_EXIT = 3
 
@@ -130,13 +129,7 @@ def main(argv: list[str] | None = None) -> int:
         help="torch intra-op threads (default on CPU: 1; more threads spin against the control loop "
         "and anything else on the cores, and a small model's step gains little from them)",
     )
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="torch",
-        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime, fp32 or "
-        "the int8 step graph (vla-export --int8)",
-    )
+    cli.add_backend(parser)
     parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
     args = parser.parse_args(argv)
     os.environ.setdefault("MUJOCO_GL", "egl")

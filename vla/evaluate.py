@@ -31,7 +31,6 @@ import numpy as np
 
 from vla import cli
 from vla.errors import UserError
-from vla.policy_config import BACKENDS
 
 EVAL_SEED = 100_000  # first evaluation seed; the collector counts up from its own (small) seeds
 
@@ -349,13 +348,7 @@ def main(argv: list[str] | None = None) -> int:
     )
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
     cli.add_policy_overrides(parser)
-    parser.add_argument(
-        "--backend",
-        choices=BACKENDS,
-        default="torch",
-        help="run the checkpoint in torch, or its vla-export graphs (CHECKPOINT/export/) on onnxruntime, fp32 or "
-        "the int8 step graph (vla-export --int8)",
-    )
+    cli.add_backend(parser)
     parser.add_argument(
         "--instructions",
         choices=["own", "swap_colour", "other_task", "paraphrase"],

@@ -28,3 +28,10 @@ def check_observation(obs, image_keys: list[str], image_size: int, proprio_dim: 
     if not np.all(np.isfinite(proprio)):
         raise ValueError("obs['proprio'] contains NaN or Inf")
     return np.stack(frames), proprio
+
+
+def check_instruction(instruction) -> str:
+    """What `reset` accepts: a non-empty string (any words: unseen ones fall back to bytes or <unk>)."""
+    if not isinstance(instruction, str) or not instruction.strip():
+        raise ValueError("reset() needs a non-empty instruction string")
+    return instruction

@@ -23,7 +23,7 @@ from types import SimpleNamespace
 import numpy as np
 
 from vla.config import from_dict
-from vla.observation import check_observation
+from vla.observation import check_instruction, check_observation
 from vla.policy_config import PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
 
@@ -185,9 +185,7 @@ class OnnxPolicy:
 
     def reset(self, instruction: str) -> None:
         """Start an episode: encode the instruction prefix once (the prefix graph) into a fresh state."""
-        if not isinstance(instruction, str) or not instruction.strip():
-            raise ValueError("reset() needs a non-empty instruction string")
-        ids = self._text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L) int64
+        ids = self._text.encode_batch([check_instruction(instruction)], self.cfg.instruction_len)  # (1, L) int64
         self._streamer.start(ids)
         self._started = True
         self._ensembler.reset()

@@ -22,7 +22,7 @@ from vla.checkpoint import CheckpointError, load_checkpoint
 from vla.config import ConfigError, from_dict
 from vla.dataset import Tokenizers
 from vla.model import ActionTransformer, DataSpec, ModelConfig
-from vla.observation import check_observation
+from vla.observation import check_instruction, check_observation
 from vla.policy_config import BACKENDS, PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
 from vla.text_encoder import relocated
@@ -76,9 +76,7 @@ class Policy:
 
     def reset(self, instruction: str) -> None:
         """Start an episode with a new instruction (any text: unseen words fall back to bytes)."""
-        if not isinstance(instruction, str) or not instruction.strip():
-            raise ValueError("reset() needs a non-empty instruction string")
-        ids = self.tok.text.encode_batch([instruction], self.cfg.instruction_len)  # (1, L)
+        ids = self.tok.text.encode_batch([check_instruction(instruction)], self.cfg.instruction_len)  # (1, L)
         self._instruction = torch.as_tensor(np.asarray(ids), dtype=torch.long, device=self.device)
         self._history.clear()
         self._ensembler.reset()
