@@ -169,27 +169,27 @@ def test_nonfinite_loss_stops_with_step_and_demos(tiny_dataset, tmp_path, capsys
 
 def _launch_ranks(rank_fn, *args, world: int = 2, timeout: float = 120) -> None:
     """Run `rank_fn(rank, *args)` in `world` forked processes with the environment torchrun gives each rank
-    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; gloo on CPU). Forked: the ranks only train (no GL
-    context), and each spared a fresh torch import is ~2 s of CPU a rank. A hang fails after `timeout`."""
-    import socket
-
+    (RANK, WORLD_SIZE, LOCAL_RANK, MASTER_ADDR/PORT; gloo on CPU). As torchrun's agent does, the launcher
+    holds the rendezvous store on a port the OS picked, so no other process can take that port first.
+    Forked: the ranks only train (no GL context), and each spared a fresh torch import is ~2 s of CPU a
+    rank. A hang fails after `timeout`."""
     import torch.multiprocessing as mp
+    from torch.distributed import TCPStore
 
-    with socket.socket() as s:
-        s.bind(("127.0.0.1", 0))
-        port = s.getsockname()[1]
-    ctx = mp.start_processes(_as_rank, args=(world, port, rank_fn, args), nprocs=world, join=False,
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    ctx = mp.start_processes(_as_rank, args=(world, store.port, rank_fn, args), nprocs=world, join=False,
                              start_method="fork")  # fmt: skip
     deadline = time.time() + timeout
     while not ctx.join(timeout=5):
         assert time.time() < deadline, f"DDP ranks still running after {timeout:.0f} s (hung?)"
+    del store
 
 
 def _as_rank(rank: int, world: int, port: int, rank_fn, args) -> None:
     import os
 
     os.environ.update(RANK=str(rank), WORLD_SIZE=str(world), LOCAL_RANK=str(rank), MASTER_ADDR="127.0.0.1",
-                      MASTER_PORT=str(port))  # fmt: skip
+                      MASTER_PORT=str(port), TORCHELASTIC_USE_AGENT_STORE="True")  # fmt: skip
     torch.set_num_threads(1)  # a forked child must not enter an OpenMP pool its parent may have started
     rank_fn(rank, *args)
 
