@@ -176,13 +176,12 @@ def _launch_ranks(rank_fn, *args, world: int = 2, timeout: float = 120) -> None:
     import torch.multiprocessing as mp
     from torch.distributed import TCPStore
 
-    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)
+    store = TCPStore("127.0.0.1", 0, is_master=True, wait_for_workers=False)  # serves until this returns
     ctx = mp.start_processes(_as_rank, args=(world, store.port, rank_fn, args), nprocs=world, join=False,
                              start_method="fork")  # fmt: skip
     deadline = time.time() + timeout
     while not ctx.join(timeout=5):
         assert time.time() < deadline, f"DDP ranks still running after {timeout:.0f} s (hung?)"
-    del store
 
 
 def _as_rank(rank: int, world: int, port: int, rank_fn, args) -> None:
