@@ -33,14 +33,19 @@ _EXTERNAL: list[str] = [t for ids in SUITES.values() for t in ids]  # ... and th
 _EXTERNAL_PREFIXES = (_metaworld.PREFIX, _metaworld.PIXELS_PREFIX)
 
 
-def make_expert(env: gym.Env, noise: float = 0.0, seed: int | None = None):
-    """The scripted expert for `env`'s task. `noise` is the std of Gaussian noise added to a[:3]."""
+def make_expert(env: gym.Env, noise: float = 0.0, seed: int | None = None, perturb: float = 0.0, detour: float = 0.0):
+    """The scripted expert for `env`'s task. `noise` is the std of Gaussian noise added to a[:3];
+    `perturb` the chance per tick of a burst of a few ticks in one random direction; `detour` the chance
+    per episode of starting from where cloned policies fail (envs/tasks/base.py, `Expert`)."""
     base = env.unwrapped
     if hasattr(base, "expert"):  # envs that bring their own expert (envs/metaworld.py)
-        return base.expert(noise=noise, seed=seed)
+        if detour:
+            raise ValueError(f"{base.task_name}: its expert has no detour pose (detour={detour})")
+        extra = {"perturb": perturb} if perturb else {}  # the env contract is expert(noise, seed)
+        return base.expert(noise=noise, seed=seed, **extra)
     if not isinstance(base, TabletopEnv):
         raise TypeError(f"make_expert needs a tabletop environment, got {type(base).__name__}")
-    return EXPERT_CLASSES[base.task_name](base, noise=noise, seed=seed)
+    return EXPERT_CLASSES[base.task_name](base, noise=noise, seed=seed, perturb=perturb, detour=detour)
 
 
 def task_id(name: str) -> str:

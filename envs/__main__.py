@@ -41,12 +41,14 @@ def expert_episode(env, expert, seed: int, render: bool) -> tuple[bool, int]:
     return False, env.spec.max_episode_steps
 
 
-def measure(task_id: str, episodes: int, seed: int, image_size: int, noise: float, physics_only: bool = False) -> dict:
+def measure(
+    task_id: str, episodes: int, seed: int, image_size: int, noise: float, physics_only: bool = False, **expert_args
+) -> dict:
     """The expert's success and episode length over `episodes` seeds, and the env's speed. With
     `physics_only` the episodes run without pixels (the same outcomes: the experts read the true state)
     and the rendered speed is timed on the first 5 seeds only."""
     env = gym.make(task_id, image_size=image_size)
-    expert = envs.make_expert(env, noise=noise, seed=seed)
+    expert = envs.make_expert(env, noise=noise, seed=seed, **expert_args)
     outcomes, steps, start = [], 0, time.perf_counter()
     for i in tqdm(range(min(episodes, 5) if physics_only else episodes), desc=task_id, leave=False, file=sys.stderr):
         success, length = expert_episode(env, expert, seed + i, render=True)
@@ -54,7 +56,7 @@ def measure(task_id: str, episodes: int, seed: int, image_size: int, noise: floa
         steps += length
     rendered_sps = steps / (time.perf_counter() - start)
     if physics_only:  # a fresh expert: its noise stream from the start, as in a rendered run
-        expert = envs.make_expert(env, noise=noise, seed=seed)
+        expert = envs.make_expert(env, noise=noise, seed=seed, **expert_args)
         outcomes = [expert_episode(env, expert, seed + i, render=False) for i in range(episodes)]
     physics_steps, start = 0, time.perf_counter()
     for i in range(min(episodes, 20)):
@@ -99,6 +101,8 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed + i")
     parser.add_argument("--image-size", type=int, default=64)
     parser.add_argument("--noise", type=float, default=0.0, help="std of the expert's action noise")
+    parser.add_argument("--perturb", type=float, default=0.0, help="chance per tick of a 2-5 tick perturbation")
+    parser.add_argument("--detour", type=float, default=0.0, help="chance per episode of a detour (vla-collect)")
     parser.add_argument("--json", help="also write the table as JSON here")
     parser.add_argument("--contact-sheet", help="write a PNG of every task's first frame here")
     parser.add_argument(
@@ -110,6 +114,8 @@ def main(argv: list[str] | None = None) -> int:
     args = parser.parse_args(argv)
     if args.episodes < 1:
         parser.error(f"--episodes must be at least 1, got {args.episodes}")
+    if not 0 <= args.perturb < 1 or not 0 <= args.detour <= 1:
+        parser.error(f"--perturb must be in [0, 1) and --detour in [0, 1], got {args.perturb} and {args.detour}")
     if not 16 <= args.image_size <= 640:
         parser.error(f"--image-size must be between 16 and 640 pixels, got {args.image_size}")
     try:
@@ -121,7 +127,19 @@ def main(argv: list[str] | None = None) -> int:
         tasks = envs.expand_tasks(args.tasks)
         if args.contact_sheet:
             contact_sheet(args.contact_sheet, max(args.image_size, 128), args.seed, tasks)
-        rows = [measure(t, args.episodes, args.seed, args.image_size, args.noise, args.physics_only) for t in tasks]
+        rows = [
+            measure(
+                t,
+                args.episodes,
+                args.seed,
+                args.image_size,
+                args.noise,
+                args.physics_only,
+                perturb=args.perturb,
+                detour=args.detour,
+            )
+            for t in tasks
+        ]
     except (envs.UnknownTask, envs.RenderingUnavailable) as e:  # bad input or no GL; anything else is a bug
         print(f"{parser.prog}: error: {e}", file=sys.stderr)
         return 2

@@ -42,6 +42,7 @@ import numpy as np
 from gymnasium import spaces
 
 from envs.rendering import CameraRenderer
+from envs.tasks.base import Bursts
 
 MT10 = (
     "reach-v3",
@@ -298,8 +299,8 @@ class MetaWorldEnv(gym.Env):
         mujoco.mj_setState(m, d, np.asarray(state, dtype=np.float64), self._state_spec)
         mujoco.mj_forward(m, d)
 
-    def expert(self, noise: float = 0.0, seed: int | None = None) -> MetaWorldExpert:
-        return MetaWorldExpert(self, noise=noise, seed=seed)
+    def expert(self, noise: float = 0.0, seed: int | None = None, perturb: float = 0.0) -> MetaWorldExpert:
+        return MetaWorldExpert(self, noise=noise, seed=seed, perturb=perturb)
 
     def render(self):
         if self._last_frame is None:
@@ -316,11 +317,11 @@ class MetaWorldExpert:
 
     It reads the simulator's 39-d state observation (privileged, like every scripted expert), not the
     pixels; `act(obs)` returns an action in [-1, 1] (Meta-World's gains exceed 1; its env clips, so do we).
-    With `noise` > 0, Gaussian noise of that std is added to a[:3] and `clean_action` keeps the label
-    before noise (DART).
+    With `noise` > 0, Gaussian noise of that std is added to a[:3], with `perturb` > 0 bursts replace it
+    now and then (envs/tasks/base.py, `Bursts`); `clean_action` keeps the label before either (DART).
     """
 
-    def __init__(self, env: MetaWorldEnv, noise: float = 0.0, seed: int | None = None):
+    def __init__(self, env: MetaWorldEnv, noise: float = 0.0, seed: int | None = None, perturb: float = 0.0):
         from metaworld.policies import ENV_POLICY_MAP
 
         # Its gains exceed the action range on purpose and it warns on every step that they do.
@@ -329,10 +330,12 @@ class MetaWorldExpert:
         self.policy = ENV_POLICY_MAP[env.task_name]()
         self.noise = noise
         self.rng = np.random.default_rng(seed)
+        self.bursts = Bursts(perturb, self.rng)
         self.clean_action = np.zeros(4, dtype=np.float32)
 
     def reset(self) -> None:
-        """Meta-World's experts are stateless functions of the observation: nothing to reset."""
+        """Meta-World's experts are stateless functions of the observation: only a running burst ends."""
+        self.bursts.reset()
 
     def act(self, obs=None) -> np.ndarray:
         if self.env.raw_obs is None:
@@ -341,6 +344,7 @@ class MetaWorldExpert:
         self.clean_action = action.copy()
         if self.noise > 0:
             action[:3] += self.rng.normal(0.0, self.noise, size=3).astype(np.float32)
+        action[:3] = self.bursts(action[:3])
         return np.clip(action, -1.0, 1.0)
 
 

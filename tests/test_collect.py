@@ -110,6 +110,12 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert err.startswith("vla-collect: error: unknown task 'nope'") and "\n" not in err
     assert collect_main(["--episodes-per-task", "0", "--out", str(tmp_path / "a.hdf5")]) == 2
     assert collect_main(["--episodes-per-task", "1", "--out", str(tmp_path / "no/dir/a.hdf5")]) == 2
+    capsys.readouterr()
+    assert collect_main(["--episodes-per-task", "1", "--perturb", "1", "--out", str(tmp_path / "a.hdf5")]) == 2
+    assert capsys.readouterr().err == "vla-collect: error: --perturb must be in [0, 1), got 1.0\n"
+    assert collect_main(["--episodes-per-task", "1", "--detour", "-0.5", "--out", str(tmp_path / "a.hdf5")]) == 2
+    assert capsys.readouterr().err == "vla-collect: error: --detour must be in [0, 1], got -0.5\n"
+    assert not (tmp_path / "a.hdf5").exists()
 
 
 @pytest.mark.slow
@@ -255,6 +261,13 @@ def test_noisy_collection_keeps_the_experts_clean_labels(tmp_path):
     assert executed.shape == clean.shape and np.abs(clean).max() <= 1.0
     assert np.abs(executed[:, :3] - clean[:, :3]).mean() > 0.05  # the noise is in what was executed
     np.testing.assert_array_equal(executed[:, 3], clean[:, 3])  # the gripper command is never noised
+    bursts = tmp_path / "bursts.hdf5"  # perturbations alone (no Gaussian noise) are noise too: labels kept
+    argv = ["--tasks", REACH, "--episodes-per-task", "1", "--perturb", "0.5", "--out", str(bursts), "--quiet"]
+    assert collect_main(argv) == 0
+    with open_dataset(bursts) as f:
+        executed = read_demo(f, demo_names(f)[0], images=False).actions
+        clean = read_demo(f, demo_names(f)[0], ObsKeys(actions="expert_actions"), images=False).actions
+    assert (np.abs(executed[:, :3] - clean[:, :3]).max(axis=1) > 0.05).sum() >= 2
     quiet = tmp_path / "quiet.hdf5"
     assert collect_main(["--tasks", REACH, "--episodes-per-task", "1", "--out", str(quiet), "--quiet"]) == 0
     with open_dataset(quiet) as f, pytest.raises(DatasetError, match="has no 'expert_actions'"):

@@ -1,5 +1,6 @@
 """The task suite's contract, parametrized over every registered task (dm_control's suite test)."""
 
+import itertools
 import json
 import os
 import subprocess
@@ -210,6 +211,76 @@ def test_python_m_envs_bad_input_is_one_line(capsys):
     assert err == "python -m envs: error: unknown task 'fly'; choose from " + ", ".join(
         envs.TASKS + envs.METAWORLD_TASKS
     ) + (" (or reach, push, pick_place, stack)\n")
+
+
+def test_perturbation_bursts_carry_the_gripper_off_course_and_the_expert_recovers():
+    """`perturb`: now and then 2-5 ticks of one random step (0.8) replace the executed action; the label
+    (`clean_action`) stays the expert's own, the gripper command is never touched, and the expert, being
+    closed loop, still solves the task from where the burst left it."""
+    env = gym.make("tabletop/Push-v0", image_size=64)
+    expert = envs.make_expert(env, seed=3, perturb=0.15)
+    obs, _ = env.reset(seed=3)
+    expert.reset()
+    executed = []
+    for _ in range(env.spec.max_episode_steps):
+        action = expert.act(obs)
+        assert action[3] == expert.clean_action[3]
+        executed.append(None if np.allclose(action[:3], expert.clean_action[:3]) else tuple(action[:3]))
+        obs, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+    runs = [len(list(group)) for step, group in itertools.groupby(executed) if step is not None]
+    assert len(runs) >= 2 and all(2 <= n <= 5 for n in runs[:-1]) and runs[-1] <= 5, runs  # the last may be cut
+    assert all(np.linalg.norm(step) == pytest.approx(0.8, abs=1e-5) for step in executed if step is not None)
+    assert info["success"]
+    with pytest.raises(ValueError, match=r"perturbation chance per tick must be in \[0, 1\), got 1"):
+        envs.make_expert(env, perturb=1.0)
+    env.close()
+
+
+def test_a_push_detour_starts_where_cloned_policies_stall_and_the_labels_show_the_way_out():
+    """`detour`: the expert first drives the gripper (executed, not labelled) low and just past the block
+    toward the target, where cloned Push policies stop; there it takes over (rising first, so as not to
+    sweep the block) and still solves the task."""
+    from envs.tasks.push import PushExpert
+
+    env = gym.make("tabletop/Push-v0", image_size=64)
+    base = env.unwrapped
+    expert = envs.make_expert(env, noise=0.1, seed=2, detour=1.0)
+    obs, _ = env.reset(seed=2)
+    expert.reset()
+    block = base.scene.block_pos(base.layout.roles["block"])[:2]
+    target = base.layout.target_xy[base.layout.roles["target"]]
+    direction = (target - block) / np.linalg.norm(target - block)
+    action = expert.act(obs)
+    goal = expert.detour_goal.copy()  # drawn on the first tick
+    handover_label = None
+    for _ in range(env.spec.max_episode_steps):
+        if expert.detour_goal is not None:  # on the detour: executed steps head for it, the labels are the expert's
+            np.testing.assert_array_equal(expert.clean_action, np.clip(PushExpert.plan(expert), -1, 1))
+        elif handover_label is None:
+            handover_label, detour_ticks = expert.clean_action.copy(), expert.detour_ticks
+            assert np.linalg.norm(base.scene.ee_pos - goal) < 0.012
+        obs, _, terminated, truncated, info = env.step(action)
+        if terminated or truncated:
+            break
+        action = expert.act(obs)
+    along = float(np.dot(goal[:2] - block, direction))
+    assert 0.02 <= along <= 0.07 and 0.025 <= goal[2] <= 0.045 and detour_ticks >= 5
+    assert handover_label[2] > 0.5  # low beside the block: rise before moving back behind it
+    assert info["success"]
+    reach = gym.make("tabletop/Reach-v0", image_size=64)  # a task without a detour pose: nothing changes
+    runs = []
+    for detour in (0.0, 1.0):
+        expert = envs.make_expert(reach, noise=0.3, seed=4, detour=detour)
+        obs, _ = reach.reset(seed=4)
+        expert.reset()
+        runs.append([expert.act(obs) for _ in range(3)])
+    np.testing.assert_array_equal(runs[0], runs[1])
+    with pytest.raises(ValueError, match=r"detour chance per episode must be in \[0, 1\], got 2"):
+        envs.make_expert(env, detour=2.0)
+    env.close()
+    reach.close()
 
 
 def test_push_expert_is_markovian():

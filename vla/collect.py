@@ -76,8 +76,9 @@ class CollectError(UserError):
 # ------------------------------------------------------------------------------------ one episode
 
 
-def rollout(env, expert, task: str, seed: int) -> Episode:
-    """Run the expert for one episode from `env.reset(seed=seed)` and return it as arrays.
+def rollout(env, expert, task: str, seed: int, labelled: bool = False) -> Episode:
+    """Run the expert for one episode from `env.reset(seed=seed)` and return it as arrays; `labelled`:
+    keep its noise-free actions too (`expert_actions`; with any noise, perturbation or detour).
 
     Step t stores the observation and physics state BEFORE action t; the episode ends when the env
     terminates (success) or truncates (time limit).
@@ -120,7 +121,7 @@ def rollout(env, expert, task: str, seed: int) -> Episode:
         states=np.stack(states).astype(np.float64),
         obs={k: np.stack(v) for k, v in frames.items()},
         success=success,
-        expert_actions=np.stack(labels) if expert.noise > 0 else None,
+        expert_actions=np.stack(labels) if labelled else None,
     )
 
 
@@ -175,6 +176,8 @@ class Job:
     seed: int
     image_size: int
     noise: float
+    perturb: float
+    detour: float
     parts_dir: str
     keep_failed: bool
     env_args: dict  # the dataset's env_args (written into every part)
@@ -186,8 +189,8 @@ def run_job(job: Job) -> dict:
 
     t0 = time.perf_counter()
     env = make_env(job.task, job.image_size)
-    expert = envs.make_expert(env, noise=job.noise, seed=job.seed)
-    ep = rollout(env, expert, job.task, job.seed)
+    expert = envs.make_expert(env, noise=job.noise, seed=job.seed, perturb=job.perturb, detour=job.detour)
+    ep = rollout(env, expert, job.task, job.seed, labelled=job.noise > 0 or job.perturb > 0 or job.detour > 0)
     t_sim = time.perf_counter() - t0
     stem = Path(job.parts_dir) / part_stem(job.task, job.seed)
     kept = ep.success or job.keep_failed
@@ -350,7 +353,9 @@ class Collector:
         st.tried.add(seed)
         st.in_flight += 1
         a = self.args
-        return Job(task, seed, a.image_size, a.noise, str(self.parts.path), a.keep_failed, self.env_args)
+        return Job(
+            task, seed, a.image_size, a.noise, a.perturb, a.detour, str(self.parts.path), a.keep_failed, self.env_args
+        )
 
     @property
     def max_attempts(self) -> int:
@@ -552,6 +557,15 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--seed", type=int, default=0, metavar="S", help="first reset seed of every task (default 0)")
     p.add_argument("--image-size", type=int, default=64, help="camera resolution in pixels (default 64)")
     p.add_argument("--noise", type=float, default=0.0, help="std of the expert's action noise (default 0)")
+    p.add_argument(
+        "--perturb", type=float, default=0.0, metavar="P",
+        help="chance per tick of a perturbation: 2-5 ticks in one random direction (default 0)",
+    )  # fmt: skip
+    p.add_argument(
+        "--detour", type=float, default=0.0, metavar="P",
+        help="chance per episode of first driving the gripper where cloned policies fail "
+        "(Push: low, just past the block); tabletop tasks without such a pose ignore it (default 0)",
+    )  # fmt: skip
     p.add_argument("--keep-failed", action="store_true", help="keep failed episodes too (N counts attempts)")
     p.add_argument("--resume", action="store_true", help="complete an existing output and its leftover parts")
     p.add_argument(
@@ -578,12 +592,23 @@ def _run(args: argparse.Namespace) -> int:
         raise CollectError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
     if args.noise < 0:
         raise CollectError(f"--noise must be >= 0, got {args.noise}")
+    if not 0 <= args.perturb < 1:
+        raise CollectError(f"--perturb must be in [0, 1), got {args.perturb}")
+    if not 0 <= args.detour <= 1:
+        raise CollectError(f"--detour must be in [0, 1], got {args.detour}")
     out = Path(args.out)
     if out.is_dir():
         raise CollectError(f"--out {out} is a directory; give a file name like {out}/demo.hdf5")
     if not out.parent.is_dir():
         raise CollectError(f"--out: directory {out.parent} does not exist")
-    return Collector(args, resolve_tasks(args.tasks)).run()
+    tasks = resolve_tasks(args.tasks)
+    import envs
+
+    if args.detour and any(t not in envs.TASKS for t in tasks):
+        raise CollectError(
+            f"--detour is for the tabletop tasks; {', '.join(t for t in tasks if t not in envs.TASKS)} have none"
+        )
+    return Collector(args, tasks).run()
 
 
 if __name__ == "__main__":

@@ -149,17 +149,58 @@ def move_toward(
 OPEN, CLOSE = -1.0, 1.0
 
 
+class Bursts:
+    """Perturbations for demonstrations: with probability `chance` per tick a burst starts, 2-5 ticks of
+    one random xyz step of 0.8 (1.6 cm a tick, so 3-8 cm off course), replacing the expert's step.
+
+    DART's Gaussian noise averages out within a few ticks and shows states millimetres off the expert's
+    path; a burst carries the gripper as far as a cloned policy drifts before it fails (a Push policy
+    that slips past the block's side), so the expert's labels there show the recovery."""
+
+    SPEED, TICKS = 0.8, (2, 6)
+
+    def __init__(self, chance: float, rng: np.random.Generator):
+        if not 0 <= chance < 1:
+            raise ValueError(f"perturbation chance per tick must be in [0, 1), got {chance}")
+        self.chance, self.rng = chance, rng
+        self.reset()
+
+    def reset(self) -> None:
+        self.left, self.step = 0, np.zeros(3)
+
+    def __call__(self, step: np.ndarray) -> np.ndarray:
+        """This tick's xyz step: `step`, or the running burst's."""
+        if self.chance == 0:
+            return step  # no draws: the noise stream stays as without bursts
+        if self.left == 0 and self.rng.random() < self.chance:
+            direction = self.rng.normal(size=3)
+            self.step = self.SPEED * direction / np.linalg.norm(direction)
+            self.left = int(self.rng.integers(*self.TICKS))
+        if self.left == 0:
+            return step
+        self.left -= 1
+        return self.step
+
+
 class Expert:
     """A scripted expert: reads the simulator's true state, returns an action. Noise is optional.
 
     Experts are closed-loop state machines, so they recover from perturbations (their own injected
     noise included): every phase re-checks the scene and falls back to an earlier phase if needed.
+    `noise` (Gaussian, std on a[:3] every tick), `perturb` (`Bursts`) and `detour` change the executed
+    action only; `clean_action` keeps the label (DART). `detour` is the chance per episode that it first
+    drives the gripper to the task's `detour_pose`, a state cloned policies end up in and fail from, and
+    takes over there, so the labels show the way out (tasks without such a pose ignore it).
     """
 
-    def __init__(self, env, noise: float = 0.0, seed: int | None = None):
+    def __init__(self, env, noise: float = 0.0, seed: int | None = None, perturb: float = 0.0, detour: float = 0.0):
+        if not 0 <= detour <= 1:
+            raise ValueError(f"detour chance per episode must be in [0, 1], got {detour}")
         self.env = env
         self.noise = noise
+        self.detour = detour
         self.rng = np.random.default_rng(seed)
+        self.bursts = Bursts(perturb, self.rng)
         self.reset()
 
     @property
@@ -173,13 +214,36 @@ class Expert:
     def reset(self) -> None:
         self.phase = 0
         self.timer = 0
+        self.bursts.reset()
+        self.detour_goal, self.detour_ticks, self.detour_drawn = None, 0, False
 
     def plan(self) -> np.ndarray:
         raise NotImplementedError
 
+    def detour_pose(self) -> np.ndarray | None:
+        """Where a detour takes the gripper (xyz, metres), drawn with `self.rng`; None: this task has none
+        (and then `detour` draws nothing: the noise stream stays as without it)."""
+        return None
+
     def act(self, obs=None) -> np.ndarray:
         action = self.plan()
         self.clean_action = np.clip(action, -1.0, 1.0).astype(np.float32)  # before noise: a DART label
+        if self.detour > 0 and not self.detour_drawn:  # the first tick: the scene is reset, the pose can be drawn
+            self.detour_drawn, pose = True, self.detour_pose()
+            if pose is not None and self.rng.random() < self.detour:
+                self.detour_goal = pose
+        if self.detour_goal is not None:
+            return self._detour_step()
         if self.noise > 0:
             action[:3] += self.rng.normal(0.0, self.noise, size=3)
+        action[:3] = self.bursts(action[:3])
         return np.clip(action, -1.0, 1.0).astype(np.float32)
+
+    def _detour_step(self) -> np.ndarray:
+        """A step toward the detour's pose (the gripper command stays the expert's); it ends there, or
+        after 40 ticks."""
+        step = move_toward(self.scene, self.detour_goal, float(self.clean_action[3]))
+        self.detour_ticks += 1
+        if np.linalg.norm(self.scene.ee_pos - self.detour_goal) < 0.01 or self.detour_ticks >= 40:
+            self.detour_goal = None
+        return step
