@@ -48,6 +48,12 @@ def make_expert(env: gym.Env, noise: float = 0.0, seed: int | None = None, pertu
     return EXPERT_CLASSES[base.task_name](base, noise=noise, seed=seed, perturb=perturb, detour=detour)
 
 
+def check_detour(tasks: list[str], detour: float) -> None:
+    """Refuse a detour for tasks whose expert has none to take (the external suites): ValueError, one line."""
+    if detour and (external := [t for t in tasks if t not in TASKS]):
+        raise ValueError(f"--detour is for the tabletop tasks; {', '.join(external)} have no detour pose")
+
+
 def task_id(name: str) -> str:
     """Gymnasium id of a task given its short name ("pick_place") or id."""
     if name in TASKS:

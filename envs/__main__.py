@@ -125,19 +125,15 @@ def main(argv: list[str] | None = None) -> int:
             print(json.dumps(bench_render(args.render_bench.removeprefix("metaworld/"), args.image_size)))
             return 0
         tasks = envs.expand_tasks(args.tasks)
+        try:
+            envs.check_detour(tasks, args.detour)
+        except ValueError as e:
+            parser.error(str(e))
         if args.contact_sheet:
             contact_sheet(args.contact_sheet, max(args.image_size, 128), args.seed, tasks)
+        expert_args = {"perturb": args.perturb, "detour": args.detour}
         rows = [
-            measure(
-                t,
-                args.episodes,
-                args.seed,
-                args.image_size,
-                args.noise,
-                args.physics_only,
-                perturb=args.perturb,
-                detour=args.detour,
-            )
+            measure(t, args.episodes, args.seed, args.image_size, args.noise, args.physics_only, **expert_args)
             for t in tasks
         ]
     except (envs.UnknownTask, envs.RenderingUnavailable) as e:  # bad input or no GL; anything else is a bug

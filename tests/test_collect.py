@@ -115,6 +115,11 @@ def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert capsys.readouterr().err == "vla-collect: error: --perturb must be in [0, 1), got 1.0\n"
     assert collect_main(["--episodes-per-task", "1", "--detour", "-0.5", "--out", str(tmp_path / "a.hdf5")]) == 2
     assert capsys.readouterr().err == "vla-collect: error: --detour must be in [0, 1], got -0.5\n"
+    argv = ["--tasks", "metaworld/reach-v3", "--episodes-per-task", "1", "--detour", "0.5"]
+    assert collect_main([*argv, "--out", str(tmp_path / "a.hdf5")]) == 2  # Meta-World's expert has no detour pose
+    assert capsys.readouterr().err == (
+        "vla-collect: error: --detour is for the tabletop tasks; metaworld/reach-v3 have no detour pose\n"
+    )
     assert not (tmp_path / "a.hdf5").exists()
 
 

@@ -604,10 +604,10 @@ def _run(args: argparse.Namespace) -> int:
     tasks = resolve_tasks(args.tasks)
     import envs
 
-    if args.detour and any(t not in envs.TASKS for t in tasks):
-        raise CollectError(
-            f"--detour is for the tabletop tasks; {', '.join(t for t in tasks if t not in envs.TASKS)} have none"
-        )
+    try:
+        envs.check_detour(tasks, args.detour)
+    except ValueError as e:
+        raise CollectError(str(e)) from None
     return Collector(args, tasks).run()
 
 
