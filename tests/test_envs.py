@@ -244,36 +244,45 @@ def test_perturbation_bursts_carry_the_gripper_off_course_and_the_expert_recover
 
 
 def test_a_push_detour_starts_where_cloned_policies_stall_and_the_labels_show_the_way_out():
-    """`detour`: the expert first drives the gripper (executed, not labelled) low and just past the block
-    toward the target, where cloned Push policies stop; there it takes over (rising first, so as not to
-    sweep the block) and still solves the task."""
+    """`detour`: the expert first drives the gripper (executed, not labelled) to where cloned Push policies
+    stop, low just past the block toward the target or resting on the block's top; there it takes over
+    (rising first, so as not to sweep the block) and still solves the task."""
     from envs.tasks.push import PushExpert
 
     env = gym.make("tabletop/Push-v0", image_size=64)
     base = env.unwrapped
-    expert = envs.make_expert(env, noise=0.1, seed=2, detour=1.0)
-    obs, _ = env.reset(seed=2)
-    expert.reset()
-    block = base.scene.block_pos(base.layout.roles["block"])[:2]
-    target = base.layout.target_xy[base.layout.roles["target"]]
-    direction = (target - block) / np.linalg.norm(target - block)
-    action = expert.act(obs)
-    goal = expert.detour_goal.copy()  # drawn on the first tick
-    handover_label = None
-    for _ in range(env.spec.max_episode_steps):
-        if expert.detour_goal is not None:  # on the detour: executed steps head for it, the labels are the expert's
-            np.testing.assert_array_equal(expert.clean_action, np.clip(PushExpert.plan(expert), -1, 1))
-        elif handover_label is None:
-            handover_label, detour_ticks = expert.clean_action.copy(), expert.detour_ticks
-            assert np.linalg.norm(base.scene.ee_pos - goal) < 0.012
-        obs, _, terminated, truncated, info = env.step(action)
-        if terminated or truncated:
-            break
+    kinds = set()
+    for seed in range(2, 8):
+        expert = envs.make_expert(env, noise=0.1, seed=seed, detour=1.0)
+        obs, _ = env.reset(seed=seed)
+        expert.reset()
+        block = base.scene.block_pos(base.layout.roles["block"])[:2]
+        target = base.layout.target_xy[base.layout.roles["target"]]
+        direction = (target - block) / np.linalg.norm(target - block)
         action = expert.act(obs)
-    along = float(np.dot(goal[:2] - block, direction))
-    assert 0.02 <= along <= 0.07 and 0.025 <= goal[2] <= 0.045 and detour_ticks >= 5
-    assert handover_label[2] > 0.5  # low beside the block: rise before moving back behind it
-    assert info["success"]
+        goal = expert.detour_goal.copy()  # drawn on the first tick
+        handover_label = None
+        for _ in range(env.spec.max_episode_steps):
+            if expert.detour_goal is not None:  # on the detour: executed steps head for it, labels are the expert's
+                np.testing.assert_array_equal(expert.clean_action, np.clip(PushExpert.plan(expert), -1, 1))
+            elif handover_label is None:
+                handover_label, detour_ticks = expert.clean_action.copy(), expert.detour_ticks
+                assert np.linalg.norm(base.scene.ee_pos - goal) < 0.012
+            obs, _, terminated, truncated, info = env.step(action)
+            if terminated or truncated:
+                break
+            action = expert.act(obs)
+        along, across = goal[:2] - block, np.array([-direction[1], direction[0]])
+        if goal[2] >= 0.045:  # on the block's top
+            kinds.add("on top")
+            assert abs(float(along @ direction)) <= 0.015 and abs(float(along @ across)) <= 0.015 and goal[2] <= 0.05
+        else:  # past it
+            kinds.add("past")
+            assert 0.02 <= float(along @ direction) <= 0.07 and abs(float(along @ across)) <= 0.035
+            assert 0.025 <= goal[2] <= 0.045
+        assert detour_ticks >= 5 and handover_label[2] > 0.5  # rise before moving back behind the block
+        assert info["success"]
+    assert kinds == {"on top", "past"}
     reach = gym.make("tabletop/Reach-v0", image_size=64)  # a task without a detour pose: nothing changes
     runs = []
     for detour in (0.0, 1.0):
@@ -307,6 +316,35 @@ def test_push_expert_is_markovian():
         if terminated or truncated:
             break
     assert compared >= 10 and base.scene.ee_pos[2] < 0.1  # it got as far as pushing
+    env.close()
+
+
+def test_a_push_begun_too_high_is_told_to_come_down():
+    # Pushing, the label's step toward the target is scaled down to the push speed; the height term once
+    # shrank with it (-0.1 at 1.5 cm too high), so a policy that began the push high pushed the block's top
+    # edge, tipping it, and no label said "lower". Fly the real gripper behind the block at 3.3 cm (inside the
+    # push branch, which starts below 3.8 cm) and read the expert's label there and at the push height.
+    from envs.tasks.base import move_toward
+    from envs.tasks.push import BEHIND_M, PUSH_Z
+
+    env = gym.make("tabletop/Push-v0", image_size=64)
+    base = env.unwrapped
+    env.reset(seed=3)
+    expert = envs.make_expert(env)
+    block = base.scene.block_pos(base.layout.roles["block"])[:2]
+    target = base.layout.target_xy[base.layout.roles["target"]]
+    direction = (target - block) / np.linalg.norm(target - block)
+    contact = block - direction * (BEHIND_M + 0.005)
+    labels = {}
+    for height in (PUSH_Z + 0.015, PUSH_Z):
+        for _ in range(40):
+            base.scene.apply_action(move_toward(base.scene, [*contact, height], 1.0))
+            base.scene.step_physics()
+        assert abs(base.scene.ee_pos[2] - height) < 0.003
+        labels[height] = expert.plan()
+    high, level = labels[PUSH_Z + 0.015], labels[PUSH_Z]
+    assert float(high[:2] @ direction) > 0.3 and float(level[:2] @ direction) > 0.3  # both push toward the target
+    assert high[2] < -0.5 and abs(level[2]) < 0.1  # too high: down at once; at the push height: level
     env.close()
 
 

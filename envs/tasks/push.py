@@ -8,7 +8,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from envs.scene import BLOCK_HALF_M
+from envs.scene import BLOCK_HALF_M, MAX_STEP_M
 from envs.tasks.base import CLOSE, RADIUS, Expert, Layout, Task, move_toward, sample_layout, segment_clearance
 
 SUCCESS_M = 0.025  # block centre within this distance of the target's centre
@@ -80,7 +80,8 @@ class PushExpert(Expert):
     within it, and the cloned policy hovered at the average, pushing the block with its fingertips
     4 cm up. Here:
     - low, behind the block and near its line to the target: push toward the grip point's position
-      when the block sits on the target (steering back onto the line on the way);
+      when the block sits on the target (steering back onto the line on the way), the height held to
+      the push height on its own (not scaled down with the push speed);
     - otherwise head for the spot behind the block, at a height that ramps from the push height at
       the spot to the travel height 4 cm away, so the descent starts while still moving;
     - unless that path, taken low, would sweep the block: then rise straight up first.
@@ -103,7 +104,12 @@ class PushExpert(Expert):
 
         if behind_block and ee[2] < PUSH_Z + 0.02:
             push_to = [*(target - direction * BEHIND_M), PUSH_Z]
-            return move_toward(scene, push_to, CLOSE, gain=0.6, top_speed=PUSH_SPEED)
+            action = move_toward(scene, push_to, CLOSE, gain=0.6, top_speed=PUSH_SPEED)
+            # Scaled down with the long horizontal step, the label's height term was ~0: a policy that
+            # began the push 1-2 cm high kept pushing the block's top edge (tipping it, riding over it)
+            # and no label told it to come down.
+            action[2] = np.clip((PUSH_Z - ee[2]) / MAX_STEP_M, -1.0, 1.0)
+            return action
         to_spot = float(np.linalg.norm(ee[:2] - spot))
         height = PUSH_Z + (TRAVEL_Z - PUSH_Z) * np.clip((to_spot - 0.01) / 0.04, 0.0, 1.0)
         beside_or_ahead = along > -BEHIND_M + 0.01
@@ -112,11 +118,15 @@ class PushExpert(Expert):
         return move_toward(scene, [*spot, height], CLOSE, top_speed=1.0)
 
     def detour_pose(self) -> np.ndarray:
-        """Low, just past the block on its way to the target: where a cloned policy whose fingers slipped
-        past the block stops (with the hand over the block it cannot see it; docs/benchmarks.md)."""
+        """Where cloned Push policies stall (docs/benchmarks.md), one of two, evenly: low, just past the
+        block on its way to the target (fingers that slipped past it, the hand hiding it), or resting on
+        the block's top (a descent that landed on it)."""
         block = self.scene.block_pos(self.layout.roles["block"])[:2]
         target = self.layout.target_xy[self.layout.roles["target"]]
         direction = (target - block) / max(float(np.linalg.norm(target - block)), 1e-6)
         across = np.array([-direction[1], direction[0]])
+        if self.rng.random() < 0.5:
+            xy = block + direction * self.rng.uniform(-0.015, 0.015) + across * self.rng.uniform(-0.015, 0.015)
+            return np.array([*xy, self.rng.uniform(0.045, 0.05)])
         xy = block + direction * self.rng.uniform(0.02, 0.07) + across * self.rng.uniform(-0.035, 0.035)
         return np.array([*xy, self.rng.uniform(0.025, 0.045)])
