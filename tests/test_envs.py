@@ -319,6 +319,17 @@ def test_push_expert_is_markovian():
     env.close()
 
 
+def _push_scene(seed: int):
+    """A reset Push env, its unwrapped base, a noise-free expert, the named block's xy and the unit
+    direction from it to its target."""
+    env = gym.make("tabletop/Push-v0", image_size=64)
+    base = env.unwrapped
+    env.reset(seed=seed)
+    block = base.scene.block_pos(base.layout.roles["block"])[:2]
+    target = base.layout.target_xy[base.layout.roles["target"]]
+    return env, base, envs.make_expert(env), block, (target - block) / np.linalg.norm(target - block)
+
+
 def test_a_push_begun_too_high_is_told_to_come_down():
     # Pushing, the label's step toward the target is scaled down to the push speed; the height term once
     # shrank with it (-0.1 at 1.5 cm too high), so a policy that began the push high pushed the block's top
@@ -327,13 +338,7 @@ def test_a_push_begun_too_high_is_told_to_come_down():
     from envs.tasks.base import move_toward
     from envs.tasks.push import BEHIND_M, PUSH_Z
 
-    env = gym.make("tabletop/Push-v0", image_size=64)
-    base = env.unwrapped
-    env.reset(seed=3)
-    expert = envs.make_expert(env)
-    block = base.scene.block_pos(base.layout.roles["block"])[:2]
-    target = base.layout.target_xy[base.layout.roles["target"]]
-    direction = (target - block) / np.linalg.norm(target - block)
+    env, base, expert, block, direction = _push_scene(seed=3)
     contact = block - direction * (BEHIND_M + 0.005)
     labels = {}
     for height in (PUSH_Z + 0.015, PUSH_Z):
@@ -356,13 +361,7 @@ def test_push_expert_descends_smoothly_near_the_push_spot():
     from envs.tasks.base import move_toward
     from envs.tasks.push import BEHIND_M
 
-    env = gym.make("tabletop/Push-v0", image_size=64)
-    base = env.unwrapped
-    env.reset(seed=3)
-    expert = envs.make_expert(env)
-    block = base.scene.block_pos(base.layout.roles["block"])[:2]
-    target = base.layout.target_xy[base.layout.roles["target"]]
-    direction = (target - block) / np.linalg.norm(target - block)
+    env, base, expert, block, direction = _push_scene(seed=3)
     side = np.array([-direction[1], direction[0]])
     spot = block - direction * (BEHIND_M + 0.01)
     start, end = spot + 0.05 * side, spot - 0.05 * side
