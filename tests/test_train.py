@@ -32,7 +32,9 @@ def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     assert train(tiny_dataset, out, "train.steps=80", "train.log_every=10", "train.keep_every=30") == 0
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
     assert len(losses) == 8
-    assert losses[-1] < 0.65 * losses[0], losses  # one batch's loss: 0.595 of the first before, 0.603 with paraphrases
+    # the last three logged losses (each one batch's) against the first: 0.595 with 0416c8a's Push expert; one
+    # batch alone swings by +-0.1 of the first (0.55 and 0.66 in the same run)
+    assert sum(losses[-3:]) / 3 < 0.65 * losses[0], losses
     for name in ("model.safetensors", "config.json", "latest/train_state.pt", "run_config.json", "best/config.json"):
         assert (out / name).is_file(), name
     kept = {d.name for d in (out / "checkpoints").iterdir()}  # what `latest` and `best` point to, and keep_every's
