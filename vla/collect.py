@@ -564,7 +564,8 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument(
         "--detour", type=float, default=0.0, metavar="P",
         help="chance per episode of first driving the gripper where cloned policies fail "
-        "(Push: low, just past the block); tabletop tasks without such a pose ignore it (default 0)",
+        "(Push: low just past the block, or on its top); tabletop tasks without such a pose ignore it "
+        "(default 0)",
     )  # fmt: skip
     p.add_argument("--keep-failed", action="store_true", help="keep failed episodes too (N counts attempts)")
     p.add_argument("--resume", action="store_true", help="complete an existing output and its leftover parts")

@@ -89,12 +89,15 @@ class PushExpert(Expert):
     off the block's line.
     """
 
+    def _push_line(self) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """The named block's xy, its target's xy, and the unit direction from the one to the other."""
+        block = self.scene.block_pos(self.layout.roles["block"])[:2]
+        target = self.layout.target_xy[self.layout.roles["target"]]
+        return block, target, (target - block) / max(float(np.linalg.norm(target - block)), 1e-6)
+
     def plan(self):
-        scene, layout = self.scene, self.layout
-        block = scene.block_pos(layout.roles["block"])[:2]
-        target = layout.target_xy[layout.roles["target"]]
-        to_target = target - block
-        direction = to_target / max(np.linalg.norm(to_target), 1e-6)
+        scene = self.scene
+        block, target, direction = self._push_line()
         spot = block - direction * (BEHIND_M + 0.01)  # where the gripper goes down
         ee = scene.ee_pos
         rel = ee[:2] - block
@@ -121,9 +124,7 @@ class PushExpert(Expert):
         """Where cloned Push policies stall (docs/benchmarks.md), one of two, evenly: low, just past the
         block on its way to the target (fingers that slipped past it, the hand hiding it), or resting on
         the block's top (a descent that landed on it)."""
-        block = self.scene.block_pos(self.layout.roles["block"])[:2]
-        target = self.layout.target_xy[self.layout.roles["target"]]
-        direction = (target - block) / max(float(np.linalg.norm(target - block)), 1e-6)
+        block, _, direction = self._push_line()
         across = np.array([-direction[1], direction[0]])
         if self.rng.random() < 0.5:
             xy = block + direction * self.rng.uniform(-0.015, 0.015) + across * self.rng.uniform(-0.015, 0.015)
