@@ -263,24 +263,18 @@ class WindowDataset(Dataset):
 class EpochSampler(torch.utils.data.Sampler):
     """Deterministic shuffled order, sharded across ranks, resumable at any batch.
 
-    The order of epoch e is a permutation drawn from (seed, e) (with `weights`: n draws with replacement,
-    index i with probability weights[i] / sum); rank r takes every world-th index.
+    The order of epoch e is a permutation drawn from (seed, e); rank r takes every world-th index.
     Resuming at global step s skips the first s * batch_size indices of this rank's stream, so an
     interrupted run sees exactly the batches an uninterrupted one would.
     """
 
-    def __init__(
-        self, n: int, batch_size: int, seed: int, rank: int = 0, world: int = 1, start_step: int = 0,
-        weights: np.ndarray | None = None,
-    ):  # fmt: skip
+    def __init__(self, n: int, batch_size: int, seed: int, rank: int = 0, world: int = 1, start_step: int = 0):
         self.n, self.batch_size, self.seed, self.rank, self.world = n, batch_size, seed, rank, world
         self.start_step = start_step
         self.per_rank = n // world  # equal shards so DDP ranks stay in lock step
-        self.p = None if weights is None else np.asarray(weights, np.float64) / np.sum(weights)
 
     def _epoch(self, epoch: int) -> np.ndarray:
-        rng = np.random.default_rng([self.seed, epoch])
-        order = rng.permutation(self.n) if self.p is None else rng.choice(self.n, size=self.n, p=self.p)
+        order = np.random.default_rng([self.seed, epoch]).permutation(self.n)
         return order[self.rank : self.per_rank * self.world : self.world]
 
     def __iter__(self):

@@ -25,7 +25,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla import cli, recovery
+from vla import cli
 from vla.augment import random_shift
 from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_checkpoint, save_json
 from vla.config import ConfigError, apply_overrides, from_dict, to_dict
@@ -109,7 +109,6 @@ class TrainData:
     env_args: dict
     tasks: list[str]
     fingerprint: str
-    weights: np.ndarray | None = None  # per training window, for the sampler (None: uniform)
 
 
 def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> TrainData:
@@ -153,38 +152,14 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
         text_fingerprint=tokenizers.text_fingerprint,
     )
     fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
-    weights = recovery_weights(cfg.data, path, train_set.names)
     return TrainData(
-        tokenizers, spec, train_set, valid_set, source.env_args(), sorted(set(train_set.tasks)), fingerprint, weights
+        tokenizers, spec, train_set, valid_set, source.env_args(), sorted(set(train_set.tasks)), fingerprint
     )
 
 
-def recovery_weights(data: DataConfig, path: str, names: list[str]) -> np.ndarray | None:
-    """Sampling weight of every training window (the dataset's order: demo by demo, step by step):
-    `data.recovery_weight` where the step is off the expert's path (vla/recovery.py), else 1; None: uniform."""
-    if data.recovery_weight == 1:
-        return None
-    if data.action_key == "actions":  # no labels apart from what was executed: no path to leave
-        print(f"vla-train: {path} has no expert labels: data.recovery_weight has no effect", file=sys.stderr)
-        return None
-    labels, executed = open_data(data, path), open_data(dataclasses.replace(data, action_key="actions"), path)
-    off = np.concatenate(
-        [recovery.off_path(executed.read(n, images=False).actions, labels.read(n, images=False).actions) for n in names]
-    )  # (windows,)
-    weights = np.where(off, data.recovery_weight, 1.0)
-    print(
-        f"vla-train: {int(off.sum())} of {len(off)} windows off the expert's path, drawn {data.recovery_weight:g}x "
-        f"as often ({weights[off].sum() / weights.sum():.0%} of draws)", file=sys.stderr,
-    )  # fmt: skip
-    return weights
-
-
-def batches(
-    dataset, batch_size: int, seed: int, rank: int, world: int, start_step: int, workers: int, pin: bool,
-    weights: np.ndarray | None = None,
-):  # fmt: skip
+def batches(dataset, batch_size: int, seed: int, rank: int, world: int, start_step: int, workers: int, pin: bool):
     """An endless, deterministic, rank-sharded stream of batches that resumes at `start_step`."""
-    sampler = EpochSampler(len(dataset), batch_size, seed, rank, world, start_step, weights)
+    sampler = EpochSampler(len(dataset), batch_size, seed, rank, world, start_step)
     loader = torch.utils.data.DataLoader(
         dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
         persistent_workers=workers > 0, pin_memory=pin, drop_last=True,
@@ -359,7 +334,7 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     tokens_per_step = cfg.train.batch_size * ddp.world * model.layout.n_tokens
     log = RunLog(out, cfg, start, tokens_per_step, resumed=state is not None) if ddp.main else SilentLog()
     train_iter = batches(data.train_set, cfg.train.batch_size, cfg.train.seed, ddp.rank, ddp.world, start,
-                         cfg.data.num_workers, device.type == "cuda", data.weights)  # fmt: skip
+                         cfg.data.num_workers, device.type == "cuda")  # fmt: skip
 
     def checkpoint(step: int, score: float | None, keep: bool) -> None:
         is_best = score is not None and score > progress.best["score"]

@@ -33,9 +33,6 @@ class DataConfig:
     # (envs/language.py's training grammar; tabletop data only); > 0 also drops function words and injects
     # made-up words, and adds the grammar's words to the vocabulary. 0 = off: every demo's own instruction.
     instruction_augment: float = 0.8
-    # Windows off the expert's path (vla/recovery.py: where detours and bursts carried the robot, and the
-    # expert's labels bring it back) are drawn this many times as often; 1 = uniform. Needs DART labels.
-    recovery_weight: float = 1.0
     action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
     # Privileged targets, used when the file has them (a notice says when it does not): our collector
     # records them; real robot data has none, and the policy then trains without these losses.
@@ -49,8 +46,6 @@ class DataConfig:
             raise ValueError(
                 f"data.image_size={self.image_size} must be >= 0, data.valid_fraction={self.valid_fraction} in [0, 1)"
             )
-        if self.recovery_weight < 1:
-            raise ValueError(f"data.recovery_weight={self.recovery_weight} must be >= 1 (1 = uniform sampling)")
         if not 0 <= self.instruction_augment <= 1:
             raise ValueError(f"data.instruction_augment={self.instruction_augment} must be a probability in [0, 1]")
         if self.keypoint_key and self.augment_shift:
