@@ -256,9 +256,7 @@ def test_a_push_detour_starts_where_cloned_policies_stall_and_the_labels_show_th
         expert = envs.make_expert(env, noise=0.1, seed=seed, detour=1.0)
         obs, _ = env.reset(seed=seed)
         expert.reset()
-        block = base.scene.block_pos(base.layout.roles["block"])[:2]
-        target = base.layout.target_xy[base.layout.roles["target"]]
-        direction = (target - block) / np.linalg.norm(target - block)
+        block, direction = _push_line(base)
         action = expert.act(obs)
         goal = expert.detour_goal.copy()  # drawn on the first tick
         handover_label = None
@@ -272,13 +270,13 @@ def test_a_push_detour_starts_where_cloned_policies_stall_and_the_labels_show_th
             if terminated or truncated:
                 break
             action = expert.act(obs)
-        along, across = goal[:2] - block, np.array([-direction[1], direction[0]])
+        offset, across = goal[:2] - block, np.array([-direction[1], direction[0]])
         if goal[2] >= 0.045:  # on the block's top
             kinds.add("on top")
-            assert abs(float(along @ direction)) <= 0.015 and abs(float(along @ across)) <= 0.015 and goal[2] <= 0.05
+            assert abs(float(offset @ direction)) <= 0.015 and abs(float(offset @ across)) <= 0.015 and goal[2] <= 0.05
         else:  # past it
             kinds.add("past")
-            assert 0.02 <= float(along @ direction) <= 0.07 and abs(float(along @ across)) <= 0.035
+            assert 0.02 <= float(offset @ direction) <= 0.07 and abs(float(offset @ across)) <= 0.035
             assert 0.025 <= goal[2] <= 0.045
         assert detour_ticks >= 5 and handover_label[2] > 0.5  # rise before moving back behind the block
         assert info["success"]
@@ -319,15 +317,20 @@ def test_push_expert_is_markovian():
     env.close()
 
 
+def _push_line(base) -> tuple[np.ndarray, np.ndarray]:
+    """The named block's xy and the unit direction from it to its target, read from the scene (not from the
+    expert under test)."""
+    block = base.scene.block_pos(base.layout.roles["block"])[:2]
+    target = base.layout.target_xy[base.layout.roles["target"]]
+    return block, (target - block) / np.linalg.norm(target - block)
+
+
 def _push_scene(seed: int):
-    """A reset Push env, its unwrapped base, a noise-free expert, the named block's xy and the unit
-    direction from it to its target."""
+    """A reset Push env, its unwrapped base, a noise-free expert, and `_push_line`."""
     env = gym.make("tabletop/Push-v0", image_size=64)
     base = env.unwrapped
     env.reset(seed=seed)
-    block = base.scene.block_pos(base.layout.roles["block"])[:2]
-    target = base.layout.target_xy[base.layout.roles["target"]]
-    return env, base, envs.make_expert(env), block, (target - block) / np.linalg.norm(target - block)
+    return env, base, envs.make_expert(env), *_push_line(base)
 
 
 def test_a_push_begun_too_high_is_told_to_come_down():
