@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import envs  # noqa: F401 - registers the tasks
-from vla.checkpoint import load_meta
+from vla.checkpoint import load_checkpoint, load_meta
 from vla.policy import load_policy
 from vla.train import main as train_main
 
@@ -110,6 +110,41 @@ def test_resume_refuses_another_dataset(tiny_dataset, tmp_path, capsys):
     assert err.startswith("vla-train: error: --data") and "not the dataset this run started on" in err
     assert len(err.splitlines()) == 1
     assert train_main(["--data", str(tiny_dataset), "--out", str(out), "--resume", "train.steps=8"]) == 0
+
+
+def test_init_starts_from_the_weights_and_tokenizers_on_other_data(tiny_dataset, tiny_checkpoint, tmp_path, capsys):
+    """`--init` (DAgger's retraining): the checkpoint's weights and tokenizers, any dataset, a fresh schedule."""
+    import shutil
+
+    import h5py
+
+    other = tmp_path / "other.hdf5"  # stands for the aggregated data: another fingerprint
+    shutil.copy(tiny_dataset, other)
+    with h5py.File(other, "r+") as f:
+        name = next(iter(f["mask/train"][()])).decode()
+        f[f"data/{name}/actions"][0, 0] += 0.5
+    out = tmp_path / "ft"  # a learning rate too small to move anything: the weights must be the checkpoint's
+    assert train_main(["--init", str(tiny_checkpoint), "--data", str(other), "--out", str(out), "train.steps=2",
+                       "optim.lr=1e-12", "optim.weight_decay=0", "eval.episodes=0"]) == 0  # fmt: skip
+    start, tuned = load_meta(tiny_checkpoint), load_meta(out)
+    assert tuned["step"] == 2 and tuned["tokenizers"] == start["tokenizers"] and tuned["model"] == start["model"]
+    assert tuned["data"] == str(other) and tuned["init"] == str(load_checkpoint(tiny_checkpoint).path)
+    a = load_policy(tiny_checkpoint, device="cpu").model.state_dict()
+    b = load_policy(out, device="cpu").model.state_dict()
+    assert all(torch.allclose(a[k], b[k], atol=1e-6) for k in a)
+    fresh = tmp_path / "fresh"  # the same run without --init: other weights
+    assert train(other, fresh, "train.steps=2", "optim.lr=1e-12", "optim.weight_decay=0", "eval.episodes=0") == 0
+    c = load_policy(fresh, device="cpu").model.state_dict()
+    assert not all(torch.allclose(a[k], c[k], atol=1e-3) for k in a)
+
+    capsys.readouterr()
+    assert train_main(["--init", str(tiny_checkpoint), "--data", str(other), "--out", str(tmp_path / "x"),
+                       "model.n_layer=7"]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert "the weights do not match" in err and len(err.splitlines()) == 1  # a model the weights cannot fill
+    with pytest.raises(SystemExit) as usage:
+        train_main(["--init", str(tiny_checkpoint), "--out", str(out), "--resume"])
+    assert usage.value.code == 2 and "give one of them" in capsys.readouterr().err
 
 
 def test_train_state_holds_the_rng_streams_and_the_data_fingerprint(tiny_dataset, tmp_path):

@@ -33,7 +33,7 @@ from vla.dataset import EpochSampler, Tokenizers, WindowDataset, data_fingerprin
 from vla.delay_training import commit_random_prefix
 from vla.distributed import Distributed
 from vla.hdf5_format import DatasetError
-from vla.model import ActionTransformer, DataSpec
+from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.policy import Policy, pick_device
 from vla.run_log import RunLog, SilentLog
 from vla.sources import open_source
@@ -297,9 +297,9 @@ def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
 
 
 def prepare_data(cfg: TrainConfig, data_path: str, resume: Checkpoint | None, state: dict | None):
-    """The data (with a resumed run's tokenizers) and the config completed by what the data decides; a resume
-    on another dataset is refused."""
-    if not resume:
+    """The data (with a resumed or initializing run's tokenizers) and the config completed by what the data
+    decides; a resume on another dataset is refused."""
+    if not state:
         cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
     data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
     if cfg.model.text_encoder:  # recorded as an absolute path, so the checkpoint loads from any directory
@@ -315,13 +315,19 @@ def prepare_data(cfg: TrainConfig, data_path: str, resume: Checkpoint | None, st
     return cfg, data
 
 
-def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None = None) -> dict:
+def train(
+    cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None = None, init: Checkpoint | None = None
+) -> dict:
+    """`resume`: continue that run (its weights, optimizer, schedule and data); `init`: start from its weights
+    and tokenizers only, on any data of the same shapes, with a fresh optimizer and schedule (DAgger)."""
     device, ddp = setup_processes(cfg)
     state = resume.train_state() if resume else None
-    cfg, data = prepare_data(cfg, data_path, resume, state)
+    cfg, data = prepare_data(cfg, data_path, resume or init, state)
     model = ActionTransformer(cfg.model, data.spec).to(device)
     optimizer, scheduler = build_optimizer(model, cfg, device)
     torch.manual_seed(cfg.train.seed * 1_000_003 + ddp.rank)  # dropout: each rank its own masks
+    if init:
+        init.load_into(model, device)
     if state:
         resume.load_into(model, device)
         optimizer.load_state_dict(state["optimizer"])
@@ -330,6 +336,8 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     wrapped = torch.nn.parallel.DistributedDataParallel(model) if ddp.enabled else model
     use_amp = cfg.train.amp and device.type == "cuda"
     meta, progress = run_meta(cfg, data, data_path), Progress.from_state(state)
+    if init or (resume and "init" in resume.meta):  # where the weights started: provenance for the reader
+        meta["init"] = str(init.path) if init else resume.meta["init"]
     start = int(state["step"]) if state else 0
     tokens_per_step = cfg.train.batch_size * ddp.world * model.layout.n_tokens
     log = RunLog(out, cfg, start, tokens_per_step, resumed=state is not None) if ddp.main else SilentLog()
@@ -387,6 +395,14 @@ def train(cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None
     return summary
 
 
+def with_model_of(cfg: TrainConfig, init: Checkpoint) -> TrainConfig:
+    """`cfg` with `init`'s model settings, except those the config sets itself (dropout, say); the
+    weights must still fit the result (`load_into` says which do not)."""
+    model, default = to_dict(from_dict(ModelConfig, init.meta["model"], "model")), to_dict(ModelConfig())
+    model.update({k: v for k, v in to_dict(cfg.model).items() if v != default[k]})
+    return dataclasses.replace(cfg, model=from_dict(ModelConfig, model, "model"))
+
+
 def side_jobs(model, data, meta, cfg: TrainConfig, out: Path, step: int, evaluate_now: bool, log, device, use_amp):
     """Closed-loop evaluation and validation loss before a checkpoint (rank 0); returns the checkpoint's
     score: closed-loop success when evaluating, else minus the validation loss, or None."""
@@ -417,6 +433,11 @@ def main(argv: list[str] | None = None) -> int:
     parser.add_argument("--data", help="HDF5 dataset (vla-collect --out); with --resume, default: the run's own")
     parser.add_argument("--out", required=True, help="run/checkpoint directory")
     parser.add_argument("--resume", action="store_true", help="continue OUT's run from its last complete checkpoint")
+    parser.add_argument(
+        "--init", metavar="CHECKPOINT",
+        help="start from this checkpoint's weights and tokenizers (its config unless --config; its model "
+        "settings unless the config sets others), with a fresh optimizer and schedule: fine-tuning, DAgger",
+    )  # fmt: skip
     parser.add_argument("overrides", nargs="*", help="key=value config overrides")
     args, unknown = parser.parse_known_args(argv)
     bad = [u for u in unknown if not (u.startswith("--") and "=" in u)]
@@ -424,6 +445,8 @@ def main(argv: list[str] | None = None) -> int:
         parser.error(f"unrecognized arguments: {' '.join(bad)}")
     if not args.resume and not args.data:
         parser.error("--data is required (except with --resume)")
+    if args.resume and args.init:
+        parser.error("--init starts a run and --resume continues one: give one of them")
     os.environ.setdefault("MUJOCO_GL", "egl")
 
     def body() -> int:
@@ -442,8 +465,16 @@ def main(argv: list[str] | None = None) -> int:
                 raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
             cfg = load_config(args.config, args.overrides + unknown)
             data_path = args.data
+        init = None
+        if args.init:
+            init = load_checkpoint(args.init)
+            if not args.config:  # the checkpoint's own settings, then the overrides
+                saved = from_dict(TrainConfig, init.meta["config"])
+                saved.train.stop_at = 0
+                cfg = apply_overrides(saved, args.overrides + unknown)
+            cfg = with_model_of(cfg, init)
         try:
-            summary = train(cfg, data_path, out, resume)
+            summary = train(cfg, data_path, out, resume, init)
         except NonFiniteError as e:
             print(f"vla-train: error: {e}", file=sys.stderr)
             return 3
