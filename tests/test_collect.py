@@ -277,3 +277,58 @@ def test_noisy_collection_keeps_the_experts_clean_labels(tmp_path):
     assert collect_main(["--tasks", REACH, "--episodes-per-task", "1", "--out", str(quiet), "--quiet"]) == 0
     with open_dataset(quiet) as f, pytest.raises(DatasetError, match="has no 'expert_actions'"):
         read_demo(f, demo_names(f)[0], ObsKeys(actions="expert_actions"), images=False)
+
+
+def test_a_driver_policy_acts_and_the_expert_labels_what_it_visits(tiny_checkpoint, tmp_path, capsys):
+    """DAgger (`--driver`): the policy's actions are what the env executed, the expert's label of every state
+    the policy visited is in `expert_actions`, and failed episodes are kept (their labels are the point)."""
+    import gymnasium as gym
+
+    import envs
+    from vla.policy import load_policy
+
+    out = tmp_path / "dagger.hdf5"
+    argv = ["--tasks", PUSH, "--episodes-per-task", "2", "--driver", str(tiny_checkpoint), "--out", str(out)]
+    assert collect_main([*argv, "--seed", "40", "--quiet"]) == 0
+    assert validate(out) == []
+    with open_dataset(out) as f:
+        metas = [demo_meta(f, n) for n in demo_names(f)]
+        demo = read_demo(f, demo_names(f)[0], images=False)
+        labels = read_demo(f, demo_names(f)[0], ObsKeys(actions="expert_actions"), images=False).actions
+    assert sorted(m["seed"] for m in metas) == [40, 41]  # every attempt kept, success or not
+    assert not all(m["success"] for m in metas)  # a 20-step policy fails Push: kept anyway
+
+    env = gym.make(PUSH)
+    policy = load_policy(tiny_checkpoint, device="cpu")
+    obs, _ = env.reset(seed=metas[0]["seed"])
+    policy.reset(obs["instruction"])
+    expert = envs.make_expert(env)
+    expert.reset()
+    for t in range(12):  # the executed actions are the policy's, in the states it led to
+        np.testing.assert_allclose(policy.act(obs), demo.actions[t], atol=1e-5)
+        obs, *_ = env.step(demo.actions[t])
+    for t in (0, 5, 30, 90):  # the labels are the expert's own action in each recorded state (it is Markovian)
+        env.unwrapped.set_state(demo.states[t])
+        np.testing.assert_allclose(expert.act(None), labels[t], atol=1e-3)  # set_state: float-exact up to 1e-4
+    assert np.abs(labels - demo.actions).max() > 0.1  # what it would do is not what was done
+
+    handed = tmp_path / "takeover.hdf5"  # --takeover: the expert acts from a tick drawn in 0..5 to the end
+    argv = ["--tasks", PUSH, "--episodes-per-task", "3", "--driver", str(tiny_checkpoint), "--takeover", "5"]
+    assert collect_main([*argv, "--seed", "40", "--out", str(handed), "--quiet"]) == 0
+    with open_dataset(handed) as f:
+        for name in demo_names(f):
+            executed = read_demo(f, name, images=False).actions
+            labels = read_demo(f, name, ObsKeys(actions="expert_actions"), images=False).actions
+            same = np.all(executed == labels, axis=1)
+            tick = len(same) - np.argmin(same[::-1]) if not same.all() else 0  # first tick of the expert's tail
+            assert tick <= 5 and same[tick:].all() and demo_meta(f, name)["success"]
+
+    capsys.readouterr()
+    assert collect_main([*argv[:-2], "--detour", "0.5", "--out", str(tmp_path / "x.hdf5")]) == 2
+    assert "--driver: the policy acts" in capsys.readouterr().err
+    assert collect_main([*argv[:4], "--takeover", "5", "--out", str(tmp_path / "x.hdf5")]) == 2
+    assert "--takeover needs --driver" in capsys.readouterr().err
+    assert collect_main(["--tasks", PUSH, "--episodes-per-task", "1", "--driver", str(tmp_path), "--out",
+                         str(tmp_path / "y.hdf5")]) == 2  # fmt: skip
+    err = capsys.readouterr().err.strip()
+    assert err.startswith("vla-collect: error: --driver:") and len(err.splitlines()) == 1

@@ -76,9 +76,14 @@ class CollectError(UserError):
 # ------------------------------------------------------------------------------------ one episode
 
 
-def rollout(env, expert, task: str, seed: int, labelled: bool = False) -> Episode:
+def rollout(
+    env, expert, task: str, seed: int, labelled: bool = False, driver=None, takeover: int | None = None
+) -> Episode:
     """Run the expert for one episode from `env.reset(seed=seed)` and return it as arrays; `labelled`:
     keep its noise-free actions too (`expert_actions`; with any noise, perturbation or detour).
+    `driver`: a policy that acts instead (DAgger): the states are the ones the policy visits, the expert
+    only labels them (always `labelled`); `takeover`: the tick from which the expert acts again (its way out
+    of wherever the policy led; None: never).
 
     Step t stores the observation and physics state BEFORE action t; the episode ends when the env
     terminates (success) or truncates (time limit).
@@ -87,6 +92,8 @@ def rollout(env, expert, task: str, seed: int, labelled: bool = False) -> Episod
     obs, info = env.reset(seed=seed)
     expert.reset()
     instruction = obs["instruction"]
+    if driver is not None:
+        driver.reset(instruction)
     keys = [k for k in obs if k != "instruction"]
     frames: dict[str, list[np.ndarray]] = {k: [] for k in keys}
     privileged = [k for k in ("object", "object_px") if k in info]  # robomimic's obs/object: training targets
@@ -100,7 +107,9 @@ def rollout(env, expert, task: str, seed: int, labelled: bool = False) -> Episod
             frames[k].append(obs[k])
         for k in privileged:
             frames[k].append(np.asarray(info[k], dtype=np.float32))
-        action = np.clip(np.asarray(expert.act(obs), dtype=np.float32), -1.0, 1.0)
+        action = np.clip(np.asarray(expert.act(obs), dtype=np.float32), -1.0, 1.0)  # the expert's phases advance
+        if driver is not None and (takeover is None or len(actions) < takeover):
+            action = np.clip(np.asarray(driver.act(obs), dtype=np.float32), -1.0, 1.0)
         labels.append(expert.clean_action)
         obs, reward, terminated, truncated, info = env.step(action)
         actions.append(action)
@@ -121,13 +130,14 @@ def rollout(env, expert, task: str, seed: int, labelled: bool = False) -> Episod
         states=np.stack(states).astype(np.float64),
         obs={k: np.stack(v) for k, v in frames.items()},
         success=success,
-        expert_actions=np.stack(labels) if labelled else None,
+        expert_actions=np.stack(labels) if labelled or driver is not None else None,
     )
 
 
 # ------------------------------------------------------------------------------------ workers
 
 _ENVS: dict[tuple[str, int], Any] = {}  # per worker process: one env per (task, image_size)
+_DRIVERS: dict[str, Any] = {}  # per worker process: the --driver policy, loaded once
 
 
 def _init_worker() -> None:
@@ -145,6 +155,18 @@ def make_env(task: str, image_size: int):
 
         _ENVS[key] = gym.make(task, image_size=image_size)
     return _ENVS[key]
+
+
+def load_driver(checkpoint: str):
+    """The --driver policy (cached per process), on the CPU with one thread: workers run side by side."""
+    if checkpoint not in _DRIVERS:
+        import torch
+
+        from vla.policy import load_policy
+
+        torch.set_num_threads(1)
+        _DRIVERS[checkpoint] = load_policy(checkpoint, device="cpu")
+    return _DRIVERS[checkpoint]
 
 
 def probe_env_args(tasks: list[str], image_size: int) -> dict[str, dict]:
@@ -181,6 +203,8 @@ class Job:
     parts_dir: str
     keep_failed: bool
     env_args: dict  # the dataset's env_args (written into every part)
+    driver: str | None = None  # checkpoint of the policy that acts (DAgger); None: the expert acts
+    takeover: int = 0  # with a driver: the expert takes over after a random number of ticks up to this (0: never)
 
 
 def run_job(job: Job) -> dict:
@@ -190,7 +214,12 @@ def run_job(job: Job) -> dict:
     t0 = time.perf_counter()
     env = make_env(job.task, job.image_size)
     expert = envs.make_expert(env, noise=job.noise, seed=job.seed, perturb=job.perturb, detour=job.detour)
-    ep = rollout(env, expert, job.task, job.seed, labelled=job.noise > 0 or job.perturb > 0 or job.detour > 0)
+    driver = load_driver(job.driver) if job.driver else None
+    labelled = job.noise > 0 or job.perturb > 0 or job.detour > 0
+    takeover = None
+    if driver is not None and job.takeover:  # drawn from the episode's seed, so a rerun gives the same episode
+        takeover = int(np.random.default_rng([job.seed, 7]).integers(0, job.takeover + 1))
+    ep = rollout(env, expert, job.task, job.seed, labelled=labelled, driver=driver, takeover=takeover)
     t_sim = time.perf_counter() - t0
     stem = Path(job.parts_dir) / part_stem(job.task, job.seed)
     kept = ep.success or job.keep_failed
@@ -354,8 +383,9 @@ class Collector:
         st.in_flight += 1
         a = self.args
         return Job(
-            task, seed, a.image_size, a.noise, a.perturb, a.detour, str(self.parts.path), a.keep_failed, self.env_args
-        )
+            task, seed, a.image_size, a.noise, a.perturb, a.detour, str(self.parts.path), a.keep_failed, self.env_args,
+            a.driver, a.takeover,
+        )  # fmt: skip
 
     @property
     def max_attempts(self) -> int:
@@ -567,6 +597,16 @@ def build_parser() -> argparse.ArgumentParser:
         "(Push: low just past the block, or on its top); tabletop tasks without such a pose ignore it "
         "(default 0)",
     )  # fmt: skip
+    p.add_argument(
+        "--driver", metavar="CHECKPOINT",
+        help="a trained policy acts and the expert labels the states it visits (DAgger; the expert's labels "
+        "go to expert_actions); without --takeover it implies --keep-failed: a failed episode's labels are the point",
+    )  # fmt: skip
+    p.add_argument(
+        "--takeover", type=int, default=0, metavar="T",
+        help="with --driver: the expert takes over after a random number of ticks, 0..T, and shows the way out "
+        "(--noise applies to it; successes kept as usual); default 0: the policy drives to the end",
+    )  # fmt: skip
     p.add_argument("--keep-failed", action="store_true", help="keep failed episodes too (N counts attempts)")
     p.add_argument("--resume", action="store_true", help="complete an existing output and its leftover parts")
     p.add_argument(
@@ -597,6 +637,23 @@ def _run(args: argparse.Namespace) -> int:
         raise CollectError(f"--perturb must be in [0, 1), got {args.perturb}")
     if not 0 <= args.detour <= 1:
         raise CollectError(f"--detour must be in [0, 1], got {args.detour}")
+    if args.driver:
+        from vla.checkpoint import CheckpointError, load_checkpoint
+
+        try:
+            load_checkpoint(args.driver)
+        except CheckpointError as e:
+            raise CollectError(f"--driver: {e}") from None
+        if args.detour or (not args.takeover and (args.noise or args.perturb)):
+            raise CollectError(
+                "--driver: the policy acts, so --detour (and --noise and --perturb, without --takeover) have "
+                "nothing to change"
+            )
+        args.keep_failed = args.keep_failed or not args.takeover  # without a takeover the failures are the point
+    elif args.takeover:
+        raise CollectError("--takeover needs --driver (the policy the expert takes over from)")
+    if args.takeover < 0:
+        raise CollectError(f"--takeover must be >= 0, got {args.takeover}")
     out = Path(args.out)
     if out.is_dir():
         raise CollectError(f"--out {out} is a directory; give a file name like {out}/demo.hdf5")
