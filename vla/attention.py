@@ -119,11 +119,9 @@ def plot_keypoints(result: dict, out_dir: Path, tag: str) -> Path:
 
 def attention_rollout(policy, task: str, seed: int, steps: list[int], out_dir: str | Path) -> list[Path]:
     """Roll the policy out on one episode and save the attention figures at the chosen steps."""
-    import gymnasium as gym
+    from vla.evaluate import policy_env
 
-    import envs  # noqa: F401 - registers the tasks
-
-    env = gym.make(task, image_size=policy.spec.image_size)
+    env = policy_env(task, policy.spec)
     obs, _ = env.reset(seed=seed)
     policy.reset(obs["instruction"])
     paths, name = [], task.split("/")[-1]

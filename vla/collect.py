@@ -136,7 +136,7 @@ def rollout(
 
 # ------------------------------------------------------------------------------------ workers
 
-_ENVS: dict[tuple[str, int], Any] = {}  # per worker process: one env per (task, image_size)
+_ENVS: dict[tuple[str, int, bool], Any] = {}  # per worker process: one env per (task, image_size, wrist_camera)
 _DRIVERS: dict[str, Any] = {}  # per worker process: the --driver policy, loaded once
 
 
@@ -145,15 +145,16 @@ def _init_worker() -> None:
     signal.signal(signal.SIGINT, signal.SIG_IGN)  # Ctrl-C is the parent's to handle
 
 
-def make_env(task: str, image_size: int):
+def make_env(task: str, image_size: int, wrist_camera: bool = False):
     """The env for `task` (cached per process), built the way `env_args` says to rebuild it."""
-    key = (task, image_size)
+    key = (task, image_size, wrist_camera)
     if key not in _ENVS:
         import gymnasium as gym
 
         import envs  # noqa: F401  (registers the tasks)
 
-        _ENVS[key] = gym.make(task, image_size=image_size)
+        extra = {"wrist_camera": True} if wrist_camera else {}  # a tabletop option; other suites have none
+        _ENVS[key] = gym.make(task, image_size=image_size, **extra)
     return _ENVS[key]
 
 
@@ -169,9 +170,9 @@ def load_driver(checkpoint: str):
     return _DRIVERS[checkpoint]
 
 
-def probe_env_args(tasks: list[str], image_size: int) -> dict[str, dict]:
+def probe_env_args(tasks: list[str], image_size: int, wrist_camera: bool = False) -> dict[str, dict]:
     """Each task's `env.unwrapped.env_args` (run in a worker, so the parent never touches GL)."""
-    return {t: make_env(t, image_size).unwrapped.env_args for t in tasks}
+    return {t: make_env(t, image_size, wrist_camera).unwrapped.env_args for t in tasks}
 
 
 def part_stem(task: str, seed: int) -> str:
@@ -205,6 +206,7 @@ class Job:
     env_args: dict  # the dataset's env_args (written into every part)
     driver: str | None = None  # checkpoint of the policy that acts (DAgger); None: the expert acts
     takeover: int = 0  # with a driver: the expert takes over after a random number of ticks up to this (0: never)
+    wrist_camera: bool = False  # record obs/wrist_image too (tabletop tasks)
 
 
 def run_job(job: Job) -> dict:
@@ -212,7 +214,7 @@ def run_job(job: Job) -> dict:
     import envs
 
     t0 = time.perf_counter()
-    env = make_env(job.task, job.image_size)
+    env = make_env(job.task, job.image_size, job.wrist_camera)
     expert = envs.make_expert(env, noise=job.noise, seed=job.seed, perturb=job.perturb, detour=job.detour)
     driver = load_driver(job.driver) if job.driver else None
     labelled = job.noise > 0 or job.perturb > 0 or job.detour > 0
@@ -384,7 +386,7 @@ class Collector:
         a = self.args
         return Job(
             task, seed, a.image_size, a.noise, a.perturb, a.detour, str(self.parts.path), a.keep_failed, self.env_args,
-            a.driver, a.takeover,
+            a.driver, a.takeover, a.wrist_camera,
         )  # fmt: skip
 
     @property
@@ -467,7 +469,7 @@ class Collector:
             t0 = time.perf_counter()
             with ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=_init_worker) as pool:
                 try:
-                    per_task = pool.submit(probe_env_args, self.tasks, a.image_size).result()
+                    per_task = pool.submit(probe_env_args, self.tasks, a.image_size, a.wrist_camera).result()
                 except Exception as e:
                     raise CollectError(f"could not build the envs in a worker: {type(e).__name__}: {e}") from e
                 self.env_args = dataset_env_args(per_task)
@@ -586,6 +588,11 @@ def build_parser() -> argparse.ArgumentParser:
     p.add_argument("--out", required=True, metavar="FILE.hdf5", help="output dataset")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="first reset seed of every task (default 0)")
     p.add_argument("--image-size", type=int, default=64, help="camera resolution in pixels (default 64)")
+    p.add_argument(
+        "--wrist-camera", action="store_true",
+        help="record the gripper's wrist camera too (obs/wrist_image; tabletop tasks); train on both cameras "
+        "with data.wrist_image_key=wrist_image",
+    )  # fmt: skip
     p.add_argument("--noise", type=float, default=0.0, help="std of the expert's action noise (default 0)")
     p.add_argument(
         "--perturb", type=float, default=0.0, metavar="P",

@@ -167,7 +167,8 @@ class WindowDataset(Dataset):
             self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
             self.instruction_texts.append(demo.instruction)
             self.instructions.append(self._encode(demo.instruction))
-        self.images = [src.frames(n) for n in self.names] if preload else None
+        self.wrist_key = self.keys.wrist_image  # a second camera, stacked after the main one
+        self.images = [self._read_frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
         # (demo index, last step of the window) for every step of every demo.
@@ -229,17 +230,24 @@ class WindowDataset(Dataset):
         fits = lambda text: len(self.tok.text.encode(text)) <= self.instruction_len  # noqa: E731 - nothing cut
         return language.augment(self.tasks[d], self.instruction_texts[d], rng, self.instruction_augment, fits)
 
+    def _read_frames(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(n, n_cam, H, W, 3) uint8: the main camera, then the wrist camera when there is one."""
+        main = self.source.frames(name, start, stop)  # (n, H, W, 3); reopens its file once per worker
+        if not self.wrist_key:
+            return main[:, None]
+        return np.stack([main, self.source.frames_of(name, self.wrist_key)[start:stop]], axis=1)
+
     def _frames(self, d: int, start: int, stop: int) -> np.ndarray:
         if self.images is not None:
             return self.images[d][start:stop]
-        return self.source.frames(self.names[d], start, stop)  # reopens its file once per worker
+        return self._read_frames(self.names[d], start, stop)
 
     def __getitem__(self, i: int) -> dict:
         d, t = (int(v) for v in self.index[i])
         K = self.window
         start = max(0, t - K + 1)
         pad = K - (t + 1 - start)  # the first `pad` slots are padding (an episode's first K - 1 steps)
-        image = _left_pad(self._frames(d, start, t + 1)[:, None], K)  # (K, n_cam=1, H, W, 3)
+        image = _left_pad(self._frames(d, start, t + 1), K)  # (K, n_cam, H, W, 3)
         timestep = np.arange(t - K + 1, t + 1, dtype=np.int64).clip(min=0)  # episode step index
         step_mask = np.arange(K) >= pad
         instruction = self._encode(self.instruction_text(i)) if self.instruction_augment > 0 else self.instructions[d]

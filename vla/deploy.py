@@ -163,10 +163,10 @@ def _run(args) -> int:
     import envs
 
     task = envs.task_id(args.task)
-    import gymnasium as gym
     import torch
 
     from vla.controller import ActionGuard, Controller
+    from vla.evaluate import policy_env
     from vla.policy import load_policy
     from vla.robot import SimRobot
 
@@ -185,7 +185,7 @@ def _run(args) -> int:
         )
     if args.threads is not None or policy.device.type == "cpu":
         torch.set_num_threads(args.threads or 1)
-    robot = SimRobot(gym.make(task, image_size=policy.spec.image_size), seed=args.seed)
+    robot = SimRobot(policy_env(task, policy.spec), seed=args.seed)
     guard = ActionGuard.from_robot(robot, max_delta=args.max_delta or None, limit_gripper=args.limit_gripper)
     try:
         result = Controller(policy, robot, config, guard).run()

@@ -129,6 +129,17 @@ def save_video(path: str | Path, frames: list[np.ndarray], fps: int = 20, scale:
     imageio.mimwrite(str(path), big, fps=fps, macro_block_size=1)
 
 
+def policy_env(task: str, spec):
+    """`task`'s env as a policy with data spec `spec` sees it: its image size, and the wrist camera when it
+    reads two cameras (a tabletop option: `vla-collect --wrist-camera`)."""
+    import gymnasium as gym
+
+    import envs  # noqa: F401 - registers the tasks
+
+    extra = {"wrist_camera": True} if spec.n_cameras > 1 else {}
+    return gym.make(task, image_size=spec.image_size, **extra)
+
+
 def evaluate(
     policy,
     tasks: list[str],
@@ -137,17 +148,13 @@ def evaluate(
     instructions: str = "own",
     video_dir: str | Path | None = None,
     videos_per_task: int = 2,
-    image_size: int = 64,
     progress: bool = True,
     delay: dict | None = None,
 ) -> dict:
     """Evaluate a loaded policy in this process; returns `summarize`'s dict plus per-episode detail.
 
     `delay`: DelayedPolicy's arguments (strategy, delay, execute) to run under simulated inference delay."""
-    import gymnasium as gym
     from tqdm import tqdm
-
-    import envs  # noqa: F401 - registers the tasks
 
     if delay is not None:
         from vla.delay import DelayedPolicy
@@ -156,7 +163,7 @@ def evaluate(
     outcomes: dict[str, list[dict]] = {}
     bar = tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr)
     for task in tasks:
-        env = gym.make(task, image_size=image_size)
+        env = policy_env(task, policy.spec)
         outcomes[task] = []
         for i in range(episodes):
             record = video_dir is not None and i < videos_per_task
@@ -194,7 +201,7 @@ WORKER_THREADS = 1  # torch threads in each --workers process: N processes share
 
 
 def _worker(job: tuple) -> tuple[str, list[dict], dict]:
-    checkpoint, policy_kwargs, task, seeds, instructions, image_size, video_dir, n_videos, delay = job
+    checkpoint, policy_kwargs, task, seeds, instructions, video_dir, n_videos, delay = job
     import torch
 
     torch.set_num_threads(WORKER_THREADS)
@@ -205,11 +212,7 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
         from vla.delay import DelayedPolicy
 
         policy = DelayedPolicy(policy, **delay)
-    import gymnasium as gym
-
-    import envs  # noqa: F401
-
-    env = gym.make(task, image_size=image_size)
+    env = policy_env(task, policy.spec)
     eps = []
     for k, s in enumerate(seeds):
         record = video_dir is not None and k < n_videos
@@ -224,7 +227,7 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
 
 
 def evaluate_parallel(
-    checkpoint, tasks, episodes, seed, instructions, image_size, video_dir, workers, policy_kwargs: dict | None = None,
+    checkpoint, tasks, episodes, seed, instructions, video_dir, workers, policy_kwargs: dict | None = None,
     delay: dict | None = None, progress: bool = True,
 ) -> dict:  # fmt: skip
     """Split (task, seed) jobs over `workers` processes, each with its own policy copy.
@@ -241,8 +244,8 @@ def evaluate_parallel(
         seeds = [seed + i for i in range(episodes)]
         for k in range(0, episodes, per_job):
             n_videos = 2 if k == 0 else 0
-            job = (str(checkpoint), policy_kwargs or {}, task, seeds[k : k + per_job], instructions, image_size,
-                   video_dir, n_videos, delay)  # fmt: skip
+            job = (str(checkpoint), policy_kwargs or {}, task, seeds[k : k + per_job], instructions, video_dir,
+                   n_videos, delay)  # fmt: skip
             jobs.append(job)
     outcomes: dict[str, list[dict]] = {t: [] for t in tasks}
     infos = []
@@ -393,7 +396,7 @@ def main(argv: list[str] | None = None) -> int:
     return cli.run("vla-eval", lambda: _run(args))
 
 
-def _evaluate_in_process(policy, tasks: list[str], args, image_size: int, delay: dict | None) -> dict:
+def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None) -> dict:
     """`evaluate` at `--threads` torch threads (default: torch's), then the caller's count again (tests and
     notebooks keep their own setting)."""
     import torch
@@ -401,8 +404,7 @@ def _evaluate_in_process(policy, tasks: list[str], args, image_size: int, delay:
     before = torch.get_num_threads()
     torch.set_num_threads(args.threads or before)
     try:
-        result = evaluate(policy, tasks, args.episodes_per_task, args.seed, args.instructions, args.video,
-                          image_size=image_size, delay=delay)  # fmt: skip
+        result = evaluate(policy, tasks, args.episodes_per_task, args.seed, args.instructions, args.video, delay=delay)
         result["torch_threads"] = torch.get_num_threads()
     finally:
         torch.set_num_threads(before)
@@ -453,16 +455,15 @@ def _run(args) -> int:
             print(f"{task}: {len(paths)} attention figures in {args.attention}")
         if not args.json:
             return 0  # figures only; pass --json to evaluate as well
-    image_size = policy.spec.image_size
     start = time.perf_counter()
     if args.workers > 1:
         result = evaluate_parallel(
             args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
-            image_size, args.video, args.workers, policy_kwargs, delay,
+            args.video, args.workers, policy_kwargs, delay,
         )  # fmt: skip
         result["torch_threads"] = WORKER_THREADS
     else:
-        result = _evaluate_in_process(policy, tasks, args, image_size, delay)
+        result = _evaluate_in_process(policy, tasks, args, delay)
     if args.experts:
         add_expert_rates(result, json.loads(Path(args.experts).read_text()), args.seed, args.experts)
     result["seconds"] = time.perf_counter() - start

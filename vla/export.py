@@ -331,13 +331,11 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
 def parity(torch_policy, onnx_policy, tasks: list[str], steps: int | None = None, seed: int = 0) -> dict[str, float]:
     """Max |action difference| per task over one rollout each (driven by the torch policy's actions);
     `steps` caps the rollout (None = the whole episode)."""
-    import gymnasium as gym
-
-    import envs  # noqa: F401 - registers the tasks
+    from vla.evaluate import policy_env
 
     diffs = {}
     for task in tasks:
-        env = gym.make(task, image_size=torch_policy.spec.image_size)
+        env = policy_env(task, torch_policy.spec)
         try:
             obs, _ = env.reset(seed=seed)
             torch_policy.reset(obs["instruction"])

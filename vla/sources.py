@@ -346,6 +346,7 @@ def open_source(
     actions: str = "actions",
     image_size: int = 0,
     valid_fraction: float = 0.1,
+    wrist_image: str = "",
 ) -> EpisodeSource:
     """Open any supported dataset. Either pass a full `keys`, or key names (blank = layout default)."""
     path = Path(path)
@@ -355,7 +356,7 @@ def open_source(
     if layout not in LAYOUTS:
         raise DatasetError(f"unknown layout {layout!r} (choose from auto, {', '.join(LAYOUTS)})")
     if keys is None:
-        keys = resolve_keys(layout, image, proprio, instruction, actions)
+        keys = resolve_keys(layout, image, proprio, instruction, actions, wrist_image)
     if not 0 <= valid_fraction < 1:
         raise DatasetError(f"valid_fraction must be in [0, 1), got {valid_fraction}")
     if layout == "lerobot":

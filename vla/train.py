@@ -68,6 +68,7 @@ def open_data(data: DataConfig, path: str):
     return open_source(
         path, layout=data.layout, image=data.image_key, proprio=data.proprio_keys, instruction=data.instruction,
         actions=data.action_key, image_size=data.image_size, valid_fraction=data.valid_fraction,
+        wrist_image=data.wrist_image_key,
     )  # fmt: skip
 
 
@@ -226,7 +227,7 @@ def closed_loop_success(model, data: TrainData, meta: dict, cfg: TrainConfig, ou
     video_dir = (out / "videos" / f"step{step:07d}") if cfg.eval.videos > 0 else None
     result = evaluate(
         Policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
-        video_dir=video_dir, videos_per_task=cfg.eval.videos, image_size=data.spec.image_size, progress=False,
+        video_dir=video_dir, videos_per_task=cfg.eval.videos, progress=False,
     )  # fmt: skip
     model.train()
     return result

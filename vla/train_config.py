@@ -20,6 +20,7 @@ from vla.policy_config import PolicyConfig
 class DataConfig:
     layout: str = "auto"  # dataset layout: auto (detected), ours, robomimic, libero, lerobot (see vla.sources)
     image_key: str = ""  # camera: obs/<key> (robomimic: agentview_image) or a LeRobot camera; "" = layout default
+    wrist_image_key: str = ""  # a second camera, obs/<key> (ours: wrist_image, vla-collect --wrist-camera); "" = none
     proprio_keys: list[str] = field(default_factory=list)  # obs keys concatenated into proprio; [] = layout default
     instruction: str = ""  # instruction for files whose demos carry none (LIBERO's problem_info is read first)
     image_size: int = 0  # resize frames to image_size x image_size (antialiased) before the model; 0 = as stored

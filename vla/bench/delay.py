@@ -144,14 +144,13 @@ def _evaluate_point(args, plain, policies: dict, strategy: str, d: int, tasks: l
     overrides = raw_chunk_overrides(strategy)
     if args.workers > 1:
         options = {"device": device, **overrides}
-        return evaluate_parallel(args.checkpoint, tasks, args.episodes_per_task, seed, "own", plain.spec.image_size,
-                                 None, args.workers, options, delay, progress=False)  # fmt: skip
+        return evaluate_parallel(args.checkpoint, tasks, args.episodes_per_task, seed, "own", None, args.workers,
+                                 options, delay, progress=False)  # fmt: skip
     key = tuple(sorted(overrides.items()))
     if key not in policies:
         policies[key] = load_policy(args.checkpoint, device=device, **overrides) if overrides else plain
     policy = policies[key]
-    result = evaluate(policy, tasks, args.episodes_per_task, seed, image_size=plain.spec.image_size, progress=False,
-                      delay=delay)  # fmt: skip
+    result = evaluate(policy, tasks, args.episodes_per_task, seed, progress=False, delay=delay)
     return {**result, "policy": policy_info(policy)}
 
 
