@@ -287,6 +287,11 @@ def test_a_wrist_camera_is_collected_trained_on_and_evaluated_with(tmp_path):
     assert train(data, out, "train.steps=2", "eval.episodes=0", "data.wrist_image_key=wrist_image",
                  "data.valid_split=") == 0  # fmt: skip
     assert load_meta(out)["data_spec"]["n_cameras"] == 2
+    lazy = tmp_path / "lazy"  # frames read per window instead of preloaded: the same batches, the same weights
+    assert train(data, lazy, "train.steps=2", "eval.episodes=0", "data.wrist_image_key=wrist_image",
+                 "data.valid_split=", "data.preload=false") == 0  # fmt: skip
+    a, b = (load_policy(r, device="cpu").model.state_dict() for r in (out, lazy))
+    assert all(torch.equal(a[k], b[k]) for k in a)
     policy = load_policy(out, device="cpu")
     result = evaluate(policy, ["tabletop/Reach-v0"], 1, seed=5, progress=False)  # a one-camera env would fail
     assert result["tasks"]["tabletop/Reach-v0"]["episodes"] == 1

@@ -167,7 +167,6 @@ class WindowDataset(Dataset):
             self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
             self.instruction_texts.append(demo.instruction)
             self.instructions.append(self._encode(demo.instruction))
-        self.wrist_key = self.keys.wrist_image  # a second camera, stacked after the main one
         self.images = [self._read_frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
@@ -233,9 +232,9 @@ class WindowDataset(Dataset):
     def _read_frames(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """(n, n_cam, H, W, 3) uint8: the main camera, then the wrist camera when there is one."""
         main = self.source.frames(name, start, stop)  # (n, H, W, 3); reopens its file once per worker
-        if not self.wrist_key:
+        if not self.keys.wrist_image:
             return main[:, None]
-        return np.stack([main, self.source.frames_of(name, self.wrist_key)[start:stop]], axis=1)
+        return np.stack([main, self.source.frames_of(name, self.keys.wrist_image, start, stop)], axis=1)
 
     def _frames(self, d: int, start: int, stop: int) -> np.ndarray:
         if self.images is not None:

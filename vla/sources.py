@@ -198,9 +198,9 @@ class HDF5Source(EpisodeSource):
         g = self._f()["data"][name]
         return np.asarray(g[key][()]) if key in g and isinstance(g[key], h5py.Dataset) else None
 
-    def frames_of(self, name: str, camera: str) -> np.ndarray:
-        """(T, H, W, 3) uint8 of any camera obs/<camera> (resized)."""
-        return resize_frames(np.asarray(self._f()["data"][name]["obs"][camera][()]), self.image_size)
+    def frames_of(self, name: str, camera: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        """(stop - start, H, W, 3) uint8 of any camera obs/<camera> (resized)."""
+        return resize_frames(np.asarray(self._f()["data"][name]["obs"][camera][start:stop]), self.image_size)
 
     def obs(self, name: str, key: str) -> np.ndarray | None:
         obs = self._f()["data"][name]["obs"]
@@ -317,8 +317,9 @@ class LeRobotSource(EpisodeSource):
             self._cache = (name, resize_frames(self.dir.frames(self._ep(name), self.keys.image), self.image_size))
         return self._cache[1][start:stop]
 
-    def frames_of(self, name: str, camera: str) -> np.ndarray:
-        return resize_frames(self.dir.frames(self._ep(name), self._feature(camera, video=True)), self.image_size)
+    def frames_of(self, name: str, camera: str, start: int = 0, stop: int | None = None) -> np.ndarray:
+        frames = self.dir.frames(self._ep(name), self._feature(camera, video=True))[start:stop]  # decoded whole
+        return resize_frames(frames, self.image_size)
 
     def obs(self, name: str, key: str) -> np.ndarray | None:
         for cand in (f"observation.{key}", key):

@@ -396,6 +396,14 @@ def train(
     return summary
 
 
+def saved_config(ckpt: Checkpoint, overrides: list[str]) -> TrainConfig:
+    """The config a checkpoint was trained with, then `overrides`; a stop_at ends one invocation, so it is not
+    carried over."""
+    saved = from_dict(TrainConfig, ckpt.meta["config"])
+    saved.train.stop_at = 0
+    return apply_overrides(saved, overrides)
+
+
 def with_model_of(cfg: TrainConfig, init: Checkpoint) -> TrainConfig:
     """`cfg` with `init`'s model settings, except those the config sets itself (dropout, say); the
     weights must still fit the result (`load_into` says which do not)."""
@@ -457,9 +465,7 @@ def main(argv: list[str] | None = None) -> int:
             if not has_checkpoint(out):
                 raise ConfigError(f"{out}: nothing to resume (no complete checkpoint); drop --resume to start a run")
             resume = load_checkpoint(out)
-            saved = from_dict(TrainConfig, resume.meta["config"])
-            saved.train.stop_at = 0  # a stop_at ends one invocation; the resumed run goes to its end
-            cfg = apply_overrides(saved, args.overrides + unknown)
+            cfg = saved_config(resume, args.overrides + unknown)
             data_path = args.data or resume.meta["data"]
         else:
             if has_checkpoint(out):
@@ -469,10 +475,8 @@ def main(argv: list[str] | None = None) -> int:
         init = None
         if args.init:
             init = load_checkpoint(args.init)
-            if not args.config:  # the checkpoint's own settings, then the overrides
-                saved = from_dict(TrainConfig, init.meta["config"])
-                saved.train.stop_at = 0
-                cfg = apply_overrides(saved, args.overrides + unknown)
+            if not args.config:
+                cfg = saved_config(init, args.overrides + unknown)
             cfg = with_model_of(cfg, init)
         try:
             summary = train(cfg, data_path, out, resume, init)
