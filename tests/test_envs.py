@@ -135,6 +135,18 @@ def test_expert_succeeds(env):
     assert successes >= 9
 
 
+@pytest.mark.parametrize("task", ["tabletop/PickPlace-v0", "tabletop/Stack-v0"])
+def test_carry_expert_leaves_half_the_time_limit(task):
+    """A policy that stops to think for as long as it moves (delay 4, chunk 4) has half the ticks: the grasping
+    experts must finish well inside them, so their clones can (docs/benchmarks.md, the delay sweep)."""
+    from envs.__main__ import expert_episode
+
+    env = gym.make(task, image_size=64)
+    runs = [expert_episode(env, envs.make_expert(env, seed=seed), seed, render=False) for seed in range(1000, 1010)]
+    assert all(success for success, _ in runs)
+    assert np.mean([ticks for _, ticks in runs]) <= 0.42 * env.spec.max_episode_steps  # 37 and 40 ticks; were 44, 45
+
+
 def test_noisy_expert_recovers(env):
     successes = sum(run_expert(env, seed, noise=0.3) for seed in range(2000, 2008))
     assert successes >= 7
