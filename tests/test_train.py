@@ -29,21 +29,21 @@ def metrics(out):
 
 def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     out = tmp_path / "run"
-    assert train(tiny_dataset, out, "train.steps=80", "train.log_every=10", "train.keep_every=30") == 0
+    assert train(tiny_dataset, out, "train.steps=160", "train.log_every=10", "train.keep_every=60") == 0
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
-    assert len(losses) == 8
-    # the last three logged losses (each one batch's) against the first: 0.595 with 0416c8a's Push expert; one
-    # batch alone swings by +-0.1 of the first (0.55 and 0.66 in the same run)
-    assert sum(losses[-3:]) / 3 < 0.65 * losses[0], losses
+    assert len(losses) == 16
+    # Each logged loss is one batch's (+-0.2 here), so means: the last four against the first two, 0.665 with
+    # 32f1444's experts; a run that does not learn (optim.lr=1e-6) stays at 0.998
+    assert sum(losses[-4:]) / 4 < 0.75 * sum(losses[:2]) / 2, losses
     for name in ("model.safetensors", "config.json", "latest/train_state.pt", "run_config.json", "best/config.json"):
         assert (out / name).is_file(), name
     kept = {d.name for d in (out / "checkpoints").iterdir()}  # what `latest` and `best` point to, and keep_every's
     pointed = {(out / "latest").resolve().name, (out / "best").resolve().name}
-    assert kept == pointed | {"step_0000030", "step_0000060"} and "step_0000080" in kept
-    assert load_meta(out / "checkpoints" / "step_0000030")["step"] == 30  # a curve point loads as a checkpoint
+    assert kept == pointed | {"step_0000060", "step_0000120"} and "step_0000160" in kept
+    assert load_meta(out / "checkpoints" / "step_0000060")["step"] == 60  # a curve point loads as a checkpoint
     assert list((out / "tb").glob("events.out.tfevents.*"))
     meta = load_meta(out)
-    assert meta["step"] == 80 and set(meta["tokenizers"]) == {"text", "action", "proprio"}
+    assert meta["step"] == 160 and set(meta["tokenizers"]) == {"text", "action", "proprio"}
     assert meta["tasks"] and all(t.startswith("tabletop/") for t in meta["tasks"])
     assert any("valid/loss" in m for m in metrics(out))
 
