@@ -142,7 +142,10 @@ def test_carry_expert_leaves_half_the_time_limit(task):
     from envs.__main__ import expert_episode
 
     env = gym.make(task, image_size=64)
-    runs = [expert_episode(env, envs.make_expert(env, seed=seed), seed, render=False) for seed in range(1000, 1010)]
+    try:
+        runs = [expert_episode(env, envs.make_expert(env, seed=seed), seed, render=False) for seed in range(1000, 1010)]
+    finally:
+        env.close()
     assert all(success for success, _ in runs)
     assert np.mean([ticks for _, ticks in runs]) <= 0.42 * env.spec.max_episode_steps  # 37 and 40 ticks; were 44, 45
 

@@ -146,6 +146,12 @@ def move_toward(
     return action
 
 
+def ramp(low: float, high: float, distance: float, start: float, span: float) -> float:
+    """`low` up to `distance` = `start`, rising linearly to `high` at `start + span` and beyond: an expert's
+    height that changes with the distance to where it goes down, so the descent starts while still moving."""
+    return low + (high - low) * np.clip((distance - start) / span, 0.0, 1.0)
+
+
 OPEN, CLOSE = -1.0, 1.0
 
 

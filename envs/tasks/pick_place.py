@@ -5,7 +5,7 @@ from __future__ import annotations
 import numpy as np
 
 from envs import scene as sc
-from envs.tasks.base import CLOSE, OPEN, Expert, Task, move_toward, sample_layout
+from envs.tasks.base import CLOSE, OPEN, Expert, Task, move_toward, ramp, sample_layout
 
 CARRY_Z = 0.11  # grip height while carrying: the held block's bottom 3.4 cm above the bin's rim
 ABOVE_M = 0.07  # approach height above the block's centre while 5 cm or more away from it
@@ -77,10 +77,10 @@ class CarryExpert(Expert):
         if self.phase in (self.LIFT, self.CARRY, self.LOWER) and not scene.grasped(i) and self.timer > 3:
             self.phase, self.timer = self.APPROACH, 0  # slipped: start over
         if self.phase == self.APPROACH:
-            # The descent starts on the way in (as the push expert's does): from ABOVE_M at 5 cm out down
-            # to 3 cm above the block's centre over it, where the open fingers straddle the block.
+            # The descent starts on the way in: from ABOVE_M at 5 cm out down to 3 cm above the block's
+            # centre within 1.5 cm of it, where the open fingers straddle the block.
             off = float(np.linalg.norm(ee[:2] - block[:2]))
-            goal = block + (0.0, 0.0, 0.03 + (ABOVE_M - 0.03) * np.clip((off - 0.015) / 0.035, 0.0, 1.0))
+            goal = block + (0.0, 0.0, ramp(0.03, ABOVE_M, off, start=0.015, span=0.035))
             if np.linalg.norm(ee[:2] - goal[:2]) < 0.012 and abs(ee[2] - goal[2]) < 0.03:
                 self.phase, self.timer = self.DESCEND, 0
             return move_toward(scene, goal, OPEN)
@@ -101,8 +101,9 @@ class CarryExpert(Expert):
                 self.phase, self.timer = self.CARRY, 0
             return move_toward(scene, goal, CLOSE)
         if self.phase == self.CARRY:
-            goal = np.array([*(ee[:2] + self.place_xy() - block[:2]), CARRY_Z])  # the block, not the hand, to the place
-            if np.linalg.norm(block[:2] - self.place_xy()) < 0.008:
+            place = self.place_xy()
+            goal = np.array([*(ee[:2] + place - block[:2]), CARRY_Z])  # the block, not the hand, to the place
+            if np.linalg.norm(block[:2] - place) < 0.008:
                 self.phase, self.timer = self.LOWER, 0
             return move_toward(scene, goal, CLOSE)
         if self.phase == self.LOWER:

@@ -9,7 +9,7 @@ from __future__ import annotations
 import numpy as np
 
 from envs.scene import BLOCK_HALF_M, MAX_STEP_M
-from envs.tasks.base import CLOSE, RADIUS, Expert, Layout, Task, move_toward, sample_layout, segment_clearance
+from envs.tasks.base import CLOSE, RADIUS, Expert, Layout, Task, move_toward, ramp, sample_layout, segment_clearance
 
 SUCCESS_M = 0.025  # block centre within this distance of the target's centre
 PUSH_Z = 0.018  # grip height while pushing (the fingertips skim the table)
@@ -114,7 +114,7 @@ class PushExpert(Expert):
             action[2] = np.clip((PUSH_Z - ee[2]) / MAX_STEP_M, -1.0, 1.0)
             return action
         to_spot = float(np.linalg.norm(ee[:2] - spot))
-        height = PUSH_Z + (TRAVEL_Z - PUSH_Z) * np.clip((to_spot - 0.01) / 0.04, 0.0, 1.0)
+        height = ramp(PUSH_Z, TRAVEL_Z, to_spot, start=0.01, span=0.04)
         beside_or_ahead = along > -BEHIND_M + 0.01
         if ee[2] < CLEAR_Z and beside_or_ahead and segment_clearance(ee[:2], spot, [block]) < SWEEP_M:
             return move_toward(scene, [*ee[:2], TRAVEL_Z], CLOSE)  # rise before moving across
