@@ -15,6 +15,8 @@ import envs  # noqa: F401 - registers the tasks
 from vla.checkpoint import load_checkpoint, load_meta
 from vla.policy import load_policy
 from vla.train import main as train_main
+from vla.train_config import OptimConfig
+from vla.weight_average import WeightAverage
 
 TINY = "configs/tiny.yaml"
 
@@ -297,3 +299,43 @@ def test_a_wrist_camera_is_collected_trained_on_and_evaluated_with(tmp_path):
     assert result["tasks"]["tabletop/Reach-v0"]["episodes"] == 1
     assert train(data, tmp_path / "front", "train.steps=2", "eval.episodes=0", "data.valid_split=") == 0
     assert load_meta(tmp_path / "front")["data_spec"]["n_cameras"] == 1  # the wrist camera only when asked
+
+
+def test_weight_average_follows_its_formula_and_swaps_back():
+    model = torch.nn.Linear(2, 1, bias=False)
+    average = WeightAverage(model, decay=0.5)
+    seen = [model.weight.detach().clone()]
+    for value in (1.0, 2.0, 3.0):
+        with torch.no_grad():
+            model.weight.fill_(value)
+        average.update(model)
+        seen.append(model.weight.detach().clone())
+    expected = seen[0]
+    for n, weights in enumerate(seen[1:], start=1):  # the warmed-up decay, then 0.5
+        decay = min(0.5, (1 + n) / (10 + n))
+        expected = decay * expected + (1 - decay) * weights
+    with average.applied(model):
+        assert torch.allclose(model.weight, expected)
+    assert torch.equal(model.weight, seen[-1])  # the raw weights are back after the block
+    off = WeightAverage(model, decay=0.0)
+    off.update(model)
+    with off.applied(model):
+        assert torch.equal(model.weight, seen[-1]) and off.resume_state(model) == {}
+    with pytest.raises(ValueError, match="ema_decay"):
+        OptimConfig(ema_decay=1.0)  # an average that never moves
+
+
+def test_averaged_weights_leave_training_alone_and_resume_exactly(tiny_dataset, tmp_path):
+    plain, whole, split = tmp_path / "plain", tmp_path / "whole", tmp_path / "split"
+    common = ("train.steps=24", "train.log_every=4")
+    assert train(tiny_dataset, plain, *common) == 0
+    assert train(tiny_dataset, whole, *common, "optim.ema_decay=0.9") == 0
+    assert train(tiny_dataset, split, *common, "optim.ema_decay=0.9", "train.stop_at=10") == 0
+    assert train_main(["--out", str(split), "--resume"]) == 0
+    losses = [[m["loss"] for m in metrics(run) if "loss" in m] for run in (plain, whole, split)]
+    assert losses[0] == losses[1] == losses[2]  # the average is a shadow: the optimizer's path is the same
+    raw = load_checkpoint(whole).train_state()["raw_weights"]
+    assert all(torch.equal(raw[k], v) for k, v in load_checkpoint(plain).weights().items())
+    averaged, resumed = load_checkpoint(whole).weights(), load_checkpoint(split).weights()
+    assert any(not torch.allclose(averaged[k], raw[k]) for k in raw)  # the checkpoint holds the average
+    assert all(torch.allclose(averaged[k], resumed[k], atol=1e-6) for k in averaged)

@@ -38,6 +38,7 @@ from vla.policy import Policy, pick_device
 from vla.run_log import RunLog, SilentLog
 from vla.sources import open_source
 from vla.train_config import DataConfig, OptimConfig, TrainConfig, load_config
+from vla.weight_average import WeightAverage
 
 
 class NonFiniteError(RuntimeError):
@@ -329,8 +330,10 @@ def train(
     torch.manual_seed(cfg.train.seed * 1_000_003 + ddp.rank)  # dropout: each rank its own masks
     if init:
         init.load_into(model, device)
+    average = WeightAverage(model, cfg.optim.ema_decay)
     if state:
         resume.load_into(model, device)
+        average.resume(model, state)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         restore_rng(state)
@@ -351,9 +354,11 @@ def train(
         train_state = {
             "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "data_fingerprint": data.fingerprint, **dataclasses.asdict(progress), **rng_state(),
+            **average.resume_state(model),
         }  # fmt: skip
         if ddp.main:
-            save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
+            with average.applied(model):
+                save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
 
     model.train()
     stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
@@ -366,6 +371,7 @@ def train(
             batch = commit_random_prefix(batch, cfg.train.delay_aware_max, cfg.model.chunk, gen)
         result = train_step(model, wrapped, optimizer, {k: v.to(device) for k, v in batch.items()}, cfg, ddp, use_amp)
         scheduler.step()
+        average.update(model)
         if result is None:
             names = sorted({data.train_set.names[int(d)] for d in demos})
             where = f"step {step}: non-finite loss or gradients (batch demos: {', '.join(names[:8])})"
@@ -381,7 +387,9 @@ def train(
         evaluate_now = cfg.eval.episodes > 0 and ((cfg.eval.every and step % cfg.eval.every == 0) or step == stop)
         kept = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
         if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0 or kept:
-            checkpoint(step, side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp), kept)
+            with average.applied(model):  # evaluate what the checkpoint will hold
+                score = side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp)
+            checkpoint(step, score, kept)
 
     final = max(start, stop)
     summary = {

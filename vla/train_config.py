@@ -66,11 +66,15 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
     aux_weight: float = 0.5  # weight of the auxiliary loss (when the data has aux targets)
     keypoint_weight: float = 1.0  # weight of the keypoint heat-map loss (when the data has keypoint targets)
+    # Checkpoints hold an exponential moving average of the weights with this decay (vla/weight_average.py);
+    # 0 = the optimizer's last iterate.
+    ema_decay: float = 0.0
 
     def __post_init__(self):
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2:
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2 or not 0 <= self.ema_decay < 1:
             raise ValueError(
-                f"bad optimizer settings: lr={self.lr}, min_lr_ratio={self.min_lr_ratio}, betas={self.betas}"
+                f"bad optimizer settings: lr={self.lr}, min_lr_ratio={self.min_lr_ratio}, betas={self.betas}, "
+                f"ema_decay={self.ema_decay} (in [0, 1))"
             )
 
 
