@@ -104,6 +104,27 @@ def test_resume_extends_counts_without_duplicates(small, tmp_path):
     assert validate(out) == []
 
 
+@uses_small
+def test_task_episodes_sets_one_tasks_count(small, tmp_path, capsys):
+    out = tmp_path / "more_push.hdf5"
+    out.write_bytes(small.read_bytes())
+    argv = ["--tasks", f"{REACH},push", "--episodes-per-task", "3", "--out", str(out), "--seed", "10", "--quiet"]
+    assert collect_main([*argv, "--task-episodes", "push=5", "--resume"]) == 0
+    got = pairs(out)
+    assert sorted(s for t, s in got if t == PUSH) == [10, 11, 12, 13, 14]
+    assert sorted(s for t, s in got if t == REACH) == [10, 11, 12]  # the other task keeps --episodes-per-task
+    assert "tabletop/Push-v0: 5/5 episodes" in capsys.readouterr().out
+    for bad, why in (
+        ("push", "expected TASK=N, e.g. push=900"),
+        ("stack=2", "stack is not one of the collected tasks"),
+        ("push=0", "N must be at least 1"),
+    ):
+        assert collect_main([*argv, "--task-episodes", bad, "--resume"]) == 2
+        err = capsys.readouterr().err
+        assert err.startswith(f"vla-collect: error: --task-episodes {bad!r}: ") and why in err and err.count("\n") == 1
+    assert len(pairs(out)) == 8  # refused runs add nothing
+
+
 def test_bad_arguments_are_one_line_errors(tmp_path, capsys):
     assert collect_main(["--tasks", "nope", "--episodes-per-task", "1", "--out", str(tmp_path / "a.hdf5")]) == 2
     err = capsys.readouterr().err.strip()

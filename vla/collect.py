@@ -305,9 +305,11 @@ def _read_part(path: Path) -> tuple[dict, dict] | None:
 
 
 class Collector:
-    def __init__(self, args: argparse.Namespace, tasks: list[str]):
+    def __init__(self, args: argparse.Namespace, tasks: list[str], targets: dict[str, int] | None = None):
         self.args = args
         self.tasks = tasks
+        targets = targets or {}
+        self.target = {t: targets.get(t, args.episodes_per_task) for t in tasks}  # episodes to keep, per task
         self.out = Path(args.out)
         self.parts = PartsDir(self.out)
         self.env_args: dict = {}
@@ -370,13 +372,19 @@ class Collector:
     # ---- scheduling
     def next_job(self) -> Job | None:
         """The next (task, seed): the task furthest from its target, its lowest untried seed."""
-        n, cap = self.args.episodes_per_task, self.max_attempts
         open_tasks = [
-            t for t in self.tasks if self.state[t].done + self.state[t].in_flight < n and len(self.state[t].tried) < cap
+            t
+            for t in self.tasks
+            if self.state[t].done + self.state[t].in_flight < self.target[t] and len(self.state[t].tried) < self.cap(t)
         ]
         if not open_tasks:
             return None
-        task = min(open_tasks, key=lambda t: (self.state[t].done + self.state[t].in_flight, self.tasks.index(t)))
+
+        # the task with the smallest share of its target done (equal targets: the fewest episodes)
+        def share(t: str) -> tuple[float, int]:
+            return (self.state[t].done + self.state[t].in_flight) / self.target[t], self.tasks.index(t)
+
+        task = min(open_tasks, key=share)
         st = self.state[task]
         while st.next_seed in st.tried:
             st.next_seed += 1
@@ -389,10 +397,9 @@ class Collector:
             a.driver, a.takeover, a.wrist_camera,
         )  # fmt: skip
 
-    @property
-    def max_attempts(self) -> int:
-        n = self.args.episodes_per_task
-        return self.args.max_attempts or 3 * n + 10
+    def cap(self, task: str) -> int:
+        """Seeds to try for `task` at most."""
+        return self.args.max_attempts or 3 * self.target[task] + 10
 
     # ---- merging
     def merge(self) -> int:
@@ -450,7 +457,7 @@ class Collector:
             st = self.state[t]
             finished = len(st.tried) - st.in_flight
             rate = f"{100 * st.successes / finished:.0f}%" if finished else "-"
-            cells.append(f"{t.split('/')[-1].removesuffix('-v0')} {st.done}/{self.args.episodes_per_task} ({rate})")
+            cells.append(f"{t.split('/')[-1].removesuffix('-v0')} {st.done}/{self.target[t]} ({rate})")
         return " | ".join(cells)
 
     def run(self) -> int:
@@ -464,8 +471,8 @@ class Collector:
                 raise CollectError(f"{what} already exists; pass --resume to complete it, or choose another --out")
             out_env_args = self.scan_existing()
             ctx = mp.get_context("spawn")  # MuJoCo GL contexts do not survive fork
-            n_total = a.episodes_per_task * len(self.tasks)
-            already = sum(min(self.state[t].done, a.episodes_per_task) for t in self.tasks)
+            n_total = sum(self.target.values())
+            already = sum(min(self.state[t].done, self.target[t]) for t in self.tasks)
             t0 = time.perf_counter()
             with ProcessPoolExecutor(a.workers, mp_context=ctx, initializer=_init_worker) as pool:
                 try:
@@ -530,16 +537,15 @@ class Collector:
                 self.merge()
 
     def report(self, seconds: float) -> int:
-        n = self.args.episodes_per_task
         short = []
         for t in self.tasks:
-            st = self.state[t]
+            st, n = self.state[t], self.target[t]
             tried = len(st.tried)
             print(f"{t}: {st.done}/{n} episodes ({st.successes} successes in {tried} attempts)")
             if st.done < n:
                 short.append(
                     f"{t}: only {st.done}/{n} episodes after {tried} attempts (the cap is --max-attempts "
-                    f"{self.max_attempts}); lower --noise or raise --max-attempts, then rerun with --resume"
+                    f"{self.cap(t)}); lower --noise or raise --max-attempts, then rerun with --resume"
                 )
         if self.out.exists():
             print(f"wrote {self.out} ({self.steps} new env steps in {seconds:.1f} s)")
@@ -570,6 +576,22 @@ def resolve_tasks(spec: str) -> list[str]:
     return tasks
 
 
+def parse_task_episodes(items: list[str], tasks: list[str]) -> dict[str, int]:
+    """`--task-episodes` values ("push=900", "tabletop/Push-v0=900") -> {task id: N}, each a task of `tasks`."""
+    targets = {}
+    for item in items:
+        name, sep, count = item.partition("=")
+        if not sep or not count.strip().lstrip("-").isdigit():
+            raise CollectError(f"--task-episodes {item!r}: expected TASK=N, e.g. push=900")
+        ids = resolve_tasks(name)
+        if len(ids) != 1 or ids[0] not in tasks:
+            raise CollectError(f"--task-episodes {item!r}: {name} is not one of the collected tasks {tasks}")
+        if int(count) < 1:
+            raise CollectError(f"--task-episodes {item!r}: N must be at least 1")
+        targets[ids[0]] = int(count)
+    return targets
+
+
 class _Parser(argparse.ArgumentParser):
     def error(self, message: str) -> NoReturn:  # one line, not the usage block
         self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
@@ -584,6 +606,10 @@ def build_parser() -> argparse.ArgumentParser:
     )
     p.add_argument("--tasks", default="all", help="'all', 'metaworld/mt10' or comma-separated task ids / short names")
     p.add_argument("--episodes-per-task", type=int, required=True, metavar="N", help="episodes to keep per task")
+    p.add_argument(
+        "--task-episodes", action="append", default=[], metavar="TASK=N",
+        help="keep N episodes of TASK instead of --episodes-per-task (repeatable; e.g. push=900)",
+    )  # fmt: skip
     p.add_argument("--workers", type=int, default=1, metavar="W", help="worker processes (default 1)")
     p.add_argument("--out", required=True, metavar="FILE.hdf5", help="output dataset")
     p.add_argument("--seed", type=int, default=0, metavar="S", help="first reset seed of every task (default 0)")
@@ -667,13 +693,14 @@ def _run(args: argparse.Namespace) -> int:
     if not out.parent.is_dir():
         raise CollectError(f"--out: directory {out.parent} does not exist")
     tasks = resolve_tasks(args.tasks)
+    targets = parse_task_episodes(args.task_episodes, tasks)
     import envs
 
     try:
         envs.check_detour(tasks, args.detour)
     except ValueError as e:
         raise CollectError(str(e)) from None
-    return Collector(args, tasks).run()
+    return Collector(args, tasks, targets).run()
 
 
 if __name__ == "__main__":
