@@ -118,6 +118,7 @@ def test_task_episodes_sets_one_tasks_count(small, tmp_path, capsys):
         ("push", "expected TASK=N, e.g. push=900"),
         ("stack=2", "stack is not one of the collected tasks"),
         ("push=0", "N must be at least 1"),
+        ("nope=2", "unknown task 'nope'"),
     ):
         assert collect_main([*argv, "--task-episodes", bad, "--resume"]) == 2
         err = capsys.readouterr().err

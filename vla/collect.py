@@ -583,7 +583,10 @@ def parse_task_episodes(items: list[str], tasks: list[str]) -> dict[str, int]:
         name, sep, count = item.partition("=")
         if not sep or not count.strip().lstrip("-").isdigit():
             raise CollectError(f"--task-episodes {item!r}: expected TASK=N, e.g. push=900")
-        ids = resolve_tasks(name)
+        try:
+            ids = resolve_tasks(name)
+        except CollectError as e:
+            raise CollectError(f"--task-episodes {item!r}: {e}") from None
         if len(ids) != 1 or ids[0] not in tasks:
             raise CollectError(f"--task-episodes {item!r}: {name} is not one of the collected tasks {tasks}")
         if int(count) < 1:
