@@ -11,6 +11,9 @@ CARRY_Z = 0.11  # grip height while carrying: the held block's bottom 3.4 cm abo
 ABOVE_M = 0.07  # approach height above the block's centre while 5 cm or more away from it
 CLEAR_Z = 0.075  # the carry starts once the grip is this high: the held block clears the other blocks
 RELEASE_Z = 0.11  # grip height at which the bin's block is let go (it drops into the bin)
+# How far from the bin's centre the block may be let go: it falls in cleanly while its centre is within
+# BIN_INNER_HALF_M - BLOCK_HALF_M (3 cm); 2 cm leaves a centimetre for the swing of the drop.
+BIN_RELEASE_M = 0.02
 
 
 def block_in_bin(scene: sc.TabletopScene, i: int) -> bool:
@@ -58,8 +61,9 @@ class CarryExpert(Expert):
     once the held block clears the other blocks, and it goes no higher than the bin's rim needs (noisy
     demonstrations: 42-43 ticks on average instead of 50).
 
-    Subclasses say where to put the block (`place_xy`, `release_z`). A dropped block sends the
-    expert back to the start, which is how it recovers from slips and from injected noise.
+    Subclasses say where to put the block (`place_xy`, `release_z`, and `place_tolerance`: how close
+    over the place the block must be before the descent). A dropped block sends the expert back to the
+    start, which is how it recovers from slips and from injected noise.
     """
 
     APPROACH, DESCEND, CLOSE_, LIFT, CARRY, LOWER, RELEASE, RETREAT = range(8)
@@ -69,6 +73,9 @@ class CarryExpert(Expert):
 
     def release_z(self) -> float:
         raise NotImplementedError
+
+    def place_tolerance(self) -> float:
+        return 0.008
 
     def plan(self):
         scene, i = self.scene, self.layout.roles["block"]
@@ -103,7 +110,7 @@ class CarryExpert(Expert):
         if self.phase == self.CARRY:
             place = self.place_xy()
             goal = np.array([*(ee[:2] + place - block[:2]), CARRY_Z])  # the block, not the hand, to the place
-            if np.linalg.norm(block[:2] - place) < 0.008:
+            if np.linalg.norm(block[:2] - place) < self.place_tolerance():
                 self.phase, self.timer = self.LOWER, 0
             return move_toward(scene, goal, CLOSE)
         if self.phase == self.LOWER:
@@ -124,3 +131,9 @@ class PickPlaceExpert(CarryExpert):
 
     def release_z(self):
         return RELEASE_Z
+
+    def place_tolerance(self):
+        # Anywhere safely over the bin, not within 8 mm of its centre: a cloned policy that judged the
+        # centre 1 cm off (a pixel at 64 px) hovered there holding the block, its gripper label a blend of
+        # "carry on" and "let go" (docs/benchmarks.md).
+        return BIN_RELEASE_M
