@@ -97,6 +97,9 @@ def probe_instruction(env, mode: str, rng: np.random.Generator) -> str:
     raise ValueError(f"unknown instruction probe {mode!r}")
 
 
+DETAIL_KEYS = ("seed", "success", "length", "instruction")  # what the JSON keeps of each episode
+
+
 def run_episode(env, policy, seed: int, instructions: str = "own", record: bool = False) -> dict:
     """One closed-loop episode; returns success, length, and the frames if `record`."""
     obs, info = env.reset(seed=seed)
@@ -113,7 +116,7 @@ def run_episode(env, policy, seed: int, instructions: str = "own", record: bool 
         if terminated or truncated:
             break
     success = bool(info["success"])
-    return {"success": success, "length": length, "instruction": instruction, "frames": frames}
+    return {"seed": seed, "success": success, "length": length, "instruction": instruction, "frames": frames}
 
 
 def video_path(video_dir: str | Path, task: str, seed: int, success: bool) -> Path:
@@ -180,9 +183,7 @@ def evaluate(
         env.close()
     bar.close()
     result = summarize(outcomes)
-    result["episodes_detail"] = {
-        t: [{k: e[k] for k in ("success", "length", "instruction")} for e in eps] for t, eps in outcomes.items()
-    }
+    result["episodes_detail"] = {t: [{k: e[k] for k in DETAIL_KEYS} for e in eps] for t, eps in outcomes.items()}
     if delay is not None:
         from vla.delay import summarize_smoothness
 
@@ -219,7 +220,7 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
         ep = run_episode(env, policy, s, instructions, record)
         if record:
             save_video(video_path(video_dir, task, s, ep["success"]), ep["frames"])
-        eps.append({"success": ep["success"], "length": ep["length"], "instruction": ep["instruction"]})
+        eps.append({k: ep[k] for k in DETAIL_KEYS})
         if delay is not None:
             eps[-1].update(policy.episode_metrics())
     env.close()
@@ -254,6 +255,8 @@ def evaluate_parallel(
         for task, eps, info in tqdm(results, total=len(jobs), desc="eval", file=sys.stderr, disable=not progress):
             outcomes[task].extend(eps)
             infos.append(info)
+    for eps in outcomes.values():
+        eps.sort(key=lambda ep: ep["seed"])  # the jobs finish in any order; the JSON lists episodes by seed
     if any(info != infos[0] for info in infos):
         raise RuntimeError(f"the eval workers ran different policy settings: {infos}")
     result = summarize(outcomes)
