@@ -23,8 +23,8 @@ class PolicyConfig:
     readout: Literal["argmax", "expectation"] = "expectation"  # an action dim's value: best bin's centre, or mean
     temporal_ensemble: bool = True  # each executed action averages every stored chunk's prediction of it (ACT)
     # ensemble weights exp(-coeff * i), i = 0 the oldest prediction: 0 = uniform, > 0 favours the oldest (ACT),
-    # < 0 the newest, which lags least (why -0.5: vla/temporal_ensemble.py)
-    ensemble_coeff: float = -0.5
+    # < 0 the newest, which lags least (why -1.0: vla/temporal_ensemble.py)
+    ensemble_coeff: float = -1.0
     n_action_steps: int = 1  # actions of a chunk executed before the policy re-plans (1 = every step)
     kv_cache: bool = True  # streaming KV cache (False: recompute the window every step; same actions)
     temperature: float = 0.0  # 0 = greedy bins; > 0 samples each action token at this temperature

@@ -7,11 +7,13 @@ prediction for step t + j, weights exp(-coeff * i) with i = 0 the oldest predict
 coeff = 0 is the uniform mean, coeff > 0 favours the oldest as ACT does, coeff < 0 the newest).
 
 The mean lags: an old prediction was made from an older observation. Our default favours the newest
-(coeff = -0.5: weights 1, 1.6, 2.7, 4.5 for four guesses, oldest first): on the demo checkpoint and the
-same 50 seeds a task, Push rose from 40% (uniform) to 52% and 62% on two seed sets, PickPlace and Stack
-kept 90-100%; without any ensembling Push reached 54% but PickPlace fell to 76% and Stack to 70%, and
-ACT's direction (coeff = 0.5) took Push to 26%. On a second checkpoint (other demonstrations) it changed
-nothing beyond noise (Push 36% / 58% -> 34% / 60%): the gain depends on the network (docs/benchmarks.md).
+(coeff = -1.0: weights 1, 2.7, 7.4, 20 for four guesses, oldest first). At coeff = -0.5 on an early demo
+checkpoint and the same 50 seeds a task, Push rose from 40% (uniform) to 52% and 62% on two seed sets,
+PickPlace and Stack kept 90-100%; without any ensembling Push reached 54% but PickPlace fell to 76% and
+Stack to 70%, and ACT's direction (coeff = 0.5) took Push to 26%. On the two latest demo checkpoints -1.0
+against -0.5 gave Push 80.5% vs 79% and 87% vs 84% (200 seeds 500000+), Stack and PickPlace level (94 / 98%
+vs 93 / 99%, 100 seeds each); -2 or no ensembling took Push no further and cost Stack 3-8 points
+(docs/benchmarks.md). The gain depends on the network.
 """
 
 from __future__ import annotations
