@@ -27,8 +27,8 @@ if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete
 # how to recover from the drift a learned policy has; configs/demo.yaml trains on those labels.
 # --detour: half the Push demonstrations start from where cloned Push policies stall (low just past the
 # block, or resting on its top) and show the way out (docs/benchmarks.md: with configs/demo.yaml's 4800
-# steps, Push 46/50% -> 80/80% on two seed sets). Half as many Push demonstrations again: Push 80.0% -> 85.7%
-# over 300 episodes at the same 4800 steps (docs/benchmarks.md).
+# steps, Push 46/50% -> 80/80% on two seed sets). Half as many Push demonstrations again: Push 80.0% -> 85-90%
+# over 300 episodes in three trainings at the same 4800 steps (docs/benchmarks.md).
 timed collect vla-collect --tasks all --episodes-per-task "$EPISODES_PER_TASK" --task-episodes push="$PUSH_EPISODES" \
   --workers 2 --out "$DATA" --seed 0 --noise 0.3 --detour 0.5 $resume
 vla-data validate "$DATA"

@@ -11,6 +11,7 @@ CARRY_Z = 0.11  # grip height while carrying: the held block's bottom 3.4 cm abo
 ABOVE_M = 0.07  # approach height above the block's centre while 5 cm or more away from it
 CLEAR_Z = 0.075  # the carry starts once the grip is this high: the held block clears the other blocks
 RELEASE_Z = 0.11  # grip height at which the bin's block is let go (it drops into the bin)
+PLACE_TOLERANCE_M = 0.008  # how close over its place a carried block must be to go down (a block on a block)
 # How far from the bin's centre the block may be let go: it falls in cleanly while its centre is within
 # BIN_INNER_HALF_M - BLOCK_HALF_M (3 cm); 2 cm leaves a centimetre for the swing of the drop.
 BIN_RELEASE_M = 0.02
@@ -75,7 +76,7 @@ class CarryExpert(Expert):
         raise NotImplementedError
 
     def place_tolerance(self) -> float:
-        return 0.008
+        return PLACE_TOLERANCE_M
 
     def plan(self):
         scene, i = self.scene, self.layout.roles["block"]
