@@ -27,6 +27,7 @@ from vla.sources import EpisodeSource, open_source
 from vla.text_encoder import KIND as ENCODER_KIND
 from vla.text_encoder import EncoderTokenizer
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
+from vla.waypoints import gripper_closed, waypoint_targets
 
 
 @dataclass
@@ -143,7 +144,11 @@ class WindowDataset(Dataset):
         keypoint_key: str = "",
         instruction_augment: float = 0.0,
         seed: int = 0,
+        waypoints: bool = False,
+        gripper_dim: int = -1,
+        waypoint_dims: list[int] | None = None,
     ):
+        self.waypoint_dims = list(waypoint_dims or [])
         self.source = _source(path, keys)
         # Instruction augmentation (`envs.language.augment`): the chance of a paraphrase; 0 = the demo's own.
         self.instruction_augment, self.seed = instruction_augment, seed
@@ -157,8 +162,13 @@ class WindowDataset(Dataset):
         self.aux, self.keypoint_targets = [], []
         for name in self.names:
             demo = src.read(name, images=False)
+            aux = []  # auxiliary targets (T, D): privileged positions, then the demo's own waypoints
             if aux_key:
-                self.aux.append(self._aux_targets(src, name, aux_key, demo.proprio))
+                aux.append(self._aux_targets(src, name, aux_key, demo.proprio))
+            if waypoints:
+                aux.append(self._waypoint_targets(demo.proprio, demo.actions, gripper_dim))
+            if aux:
+                self.aux.append(np.concatenate(aux, axis=1))
             if keypoint_key:
                 self.keypoint_targets.append(self._keypoint_targets(src, name, keypoint_key))
             targets, is_pad = self._action_targets(demo.actions)
@@ -189,6 +199,20 @@ class WindowDataset(Dataset):
         pos = np.asarray(pos, dtype=np.float32)  # (T, 3n)
         rel = pos.reshape(len(pos), -1, 3) - proprio[:, None, :3]  # (T, n, 3)
         return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
+
+    def _waypoint_targets(self, proprio: np.ndarray, actions: np.ndarray, gripper_dim: int) -> np.ndarray:
+        """(T, 3D) float32: the hand (proprio dims `waypoint_dims`) at the demo's next grasp, next release and
+        last step, relative to now (`vla.waypoints`)."""
+        act = self.tok.action
+        if not -act.action_dim <= gripper_dim < act.action_dim:
+            raise DatasetError(f"data.gripper_dim={gripper_dim} is not one of the {act.action_dim} action dimensions")
+        closed = gripper_closed(actions, gripper_dim, float(act.low[gripper_dim]), float(act.high[gripper_dim]))
+        hand = self.tok.proprio.normalize(proprio).astype(np.float32)
+        if self.waypoint_dims:
+            if max(self.waypoint_dims) >= hand.shape[1]:
+                raise DatasetError(f"data.waypoint_dims={self.waypoint_dims}: proprio has {hand.shape[1]} dimensions")
+            hand = hand[:, self.waypoint_dims]
+        return waypoint_targets(hand, closed)
 
     @staticmethod
     def _keypoint_targets(src: EpisodeSource, name: str, key: str) -> np.ndarray:

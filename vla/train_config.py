@@ -39,6 +39,11 @@ class DataConfig:
     # records them; real robot data has none, and the policy then trains without these losses.
     aux_key: str = "object"  # obs/<key>: object positions for an auxiliary localization loss ("" = off)
     keypoint_key: str = "object_px"  # obs/<key>: image positions the first keypoints must find ("" = off)
+    # Targets any demonstration holds (vla/waypoints.py): where the hand is at the next grasp, the next release
+    # and the last step, relative to now, predicted by the auxiliary head from the keypoints.
+    waypoint_targets: bool = False
+    gripper_dim: int = -1  # the action dimension that commands the gripper (closed above its range's middle)
+    waypoint_dims: list[int] = field(default_factory=lambda: [0, 1, 2])  # proprio dims placing the hand; [] = all
     action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
 
     def __post_init__(self):

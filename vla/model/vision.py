@@ -76,9 +76,12 @@ class PatchEmbed(nn.Module):
             # net at half resolution gives M heat maps; each map's softmax-weighted pixel coordinates are
             # where "its" thing is, to a fraction of a pixel. A 16-pixel patch token cannot say where in
             # the patch a 5-pixel block sits; a keypoint token says it directly.
+            # The keypoint net sees colours only, no coordinate channels: translation-equivariant maps must
+            # find a thing by its look. Given coordinates, a map trained from the action loss alone falls onto
+            # a fixed spot (a linear ramp in the coordinates) and stops learning: its softmax saturates.
             c, M = cfg.keypoint_channels, cfg.keypoints
             self.kp_convs = nn.ModuleList(
-                [nn.Conv2d(3 + 2, c, 3, stride=2, padding=1), nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, M, 1)]
+                [nn.Conv2d(3, c, 3, stride=2, padding=1), nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, M, 1)]
             )
             # With `film` the maps are conditioned on the instruction, so a keypoint can follow "the
             # named block" rather than "the red thing": the transformer then reads it at a fixed slot.
@@ -87,7 +90,7 @@ class PatchEmbed(nn.Module):
             # feature space, a bilinear link that supervised keypoints learn in a few hundred steps.
             self.kp_film = nn.ModuleList([nn.Linear(2 * d, 2 * c) for _ in range(2)]) if cfg.film else None
             self.kp_query = nn.Linear(2 * d, M * c) if cfg.film else None
-            self.kp_sharpness = nn.Parameter(torch.tensor(math.log(20.0)))  # log inverse softmax temperature
+            self.kp_sharpness = nn.Parameter(torch.tensor(math.log(2.0)))  # log inverse softmax temperature
             self.kp_proj = nn.Linear(3, d)  # (x, y, strength) -> d
             self.kp_id = nn.Parameter(torch.zeros(M, d))  # which keypoint a token is
             h = layout.keypoint_grid
@@ -140,8 +143,8 @@ class PatchEmbed(nn.Module):
         return parts[:n_stem], parts[n_stem : n_stem + n_kp], parts[-1] if n_kp else None
 
     def keypoints(self, x: torch.Tensor, films: list, query: torch.Tensor | None):
-        """(N, 5, H, W) pixels + coordinates -> keypoint tokens (N, M, d), coordinates (N, M, 2) and heat maps
-        (N, M, h*w). films / query from `condition` (B rows) condition the maps (N = B * steps * cameras)."""
+        """(N, 3, H, W) pixels -> keypoint tokens (N, M, d), coordinates (N, M, 2) and heat maps (N, M, h*w).
+        films / query from `condition` (B rows) condition the maps (N = B * steps * cameras)."""
         for conv, film in zip(self.kp_convs[:-1], films, strict=True):
             x = film_gelu(conv(x), film)  # (N, c, h, w)
         heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
@@ -150,6 +153,10 @@ class PatchEmbed(nn.Module):
             q = _per_image(query.view(-1, M, c), x.shape[0])  # (N, M, c), already scaled by 1/sqrt(c)
             # a batched matmul, not einsum: onnxruntime's Einsum kernel took ~80 us for this 0.5 MFLOP product
             heat = heat + q @ x.flatten(2)  # (N, M, h*w)
+        # Each map standardized over its pixels, so only the learned sharpness sets how peaked it is: left
+        # free, the maps' scale grows in the first hundred steps, the softmax saturates on whatever it first
+        # fell on, and the action loss alone can no longer move it to the named object.
+        heat = (heat - heat.mean(-1, keepdim=True)) / (heat.std(-1, keepdim=True) + 1e-5)  # (N, M, h*w)
         att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
         where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
         strength = (att * heat).sum(-1, keepdim=True)  # (N, M, 1): how strongly the map fired there
@@ -183,7 +190,7 @@ class PatchEmbed(nn.Module):
         tokens = self.patches(x, pix, stem_films)  # (B, T, C, g*g, d)
         where = heat = None
         if self.cfg.keypoints:
-            kp, where, heat = self.keypoints(pix, kp_films, query)  # (B*T*C, M, d), (B*T*C, M, 2), (B*T*C, M, h*w)
+            kp, where, heat = self.keypoints(pix[:, :3], kp_films, query)  # (N, M, d), (N, M, 2), (N, M, h*w)
             kp = rearrange(kp, "(b t c) m d -> b t c m d", b=B, t=T)  # (B, T, C, M, d)
             tokens = torch.cat([tokens, kp], dim=3)  # (B, T, C, g*g + M, d)
             where = where.view(B, T, C, *where.shape[1:])  # (B, T, C, M, 2)

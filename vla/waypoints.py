@@ -1,0 +1,49 @@
+"""Waypoint targets: where a demonstration's hand goes next, read from its own proprio and gripper actions.
+
+A user's robot data has no object positions, but every demonstration says where the objects were: the hand
+closes the gripper at the thing it picks up, opens it where the thing belongs, and ends where the task is
+done. So for each step t the targets are the proprio at three moments, relative to the proprio at t:
+
+- the next grasp: the first step >= t where the gripper command turns to closed (while it is closed, the
+  held thing is at the hand: the proprio at t itself, a zero offset);
+- the next release: the first step > t where the command turns to open;
+- the demonstration's last step.
+
+A moment the rest of the demonstration does not hold falls back to the last step (a reach, a push with a
+closed gripper). Offsets are in the proprio normalizer's units, every proprio dimension (a joint-space robot
+works as well as one that records its hand's position). These are training targets only: an auxiliary head
+predicts them from the keypoints and the proprio, which teaches the keypoints to find the named object.
+"""
+
+from __future__ import annotations
+
+import numpy as np
+
+N_WAYPOINTS = 3  # next grasp, next release, last step
+
+
+def gripper_closed(actions: np.ndarray, dim: int, low: float, high: float) -> np.ndarray:
+    """(T,) bool: the gripper command (action dimension `dim`) above the middle of its range [low, high]."""
+    return actions[:, dim] > 0.5 * (low + high)
+
+
+def waypoint_targets(proprio: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    """proprio (T, P) normalized, closed (T,) bool -> (T, 3 * P) float32: the proprio at the next grasp,
+    the next release and the last step, each minus the proprio at t."""
+    T = len(proprio)
+    last = T - 1
+    turns_closed = np.flatnonzero(closed[1:] & ~closed[:-1]) + 1  # steps where the command closes
+    turns_open = np.flatnonzero(~closed[1:] & closed[:-1]) + 1  # ... and where it opens
+    steps = np.arange(T)
+    grasp = _next_at_or_after(turns_closed, steps, last)
+    grasp = np.where(closed, steps, grasp)  # holding: the thing is at the hand now
+    release = _next_at_or_after(turns_open, steps + 1, last)
+    waypoints = np.stack([grasp, release, np.full(T, last)], axis=1)  # (T, 3) step indices
+    offsets = proprio[waypoints] - proprio[:, None, :]  # (T, 3, P)
+    return offsets.reshape(T, -1).astype(np.float32)  # (T, 3 * P)
+
+
+def _next_at_or_after(events: np.ndarray, steps: np.ndarray, fallback: int) -> np.ndarray:
+    """For each of `steps`, the first of the sorted `events` >= it, or `fallback` when none is left."""
+    i = np.searchsorted(events, steps, side="left")
+    return np.where(i < len(events), events[np.minimum(i, len(events) - 1)] if len(events) else fallback, fallback)
