@@ -1,0 +1,83 @@
+"""Do the keypoints find the named object? Train briefly and measure, every N steps, how far the best keypoint
+is from where the object really is in the image (the collector's `object_px`, read here only to measure:
+with `data.keypoint_key=""` the training never sees it).
+
+    python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 --config configs/real.yaml
+    python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 data.aux_key=object data.keypoint_key=
+
+Columns: action loss; heat-map entropy (uniform = log of the pixel count); the spread of the keypoints'
+positions over a batch (0 = every image gives the same spot); the best keypoint's mean distance to the named
+object (image half-widths) beside a constant guess's; gradient norms of the keypoint net and of the stem.
+"""
+
+from __future__ import annotations
+
+import argparse
+import time
+
+import numpy as np
+import torch
+
+from vla.model import ActionTransformer
+from vla.train import batches, build_optimizer, load_config, prepare_data, setup_processes, total_loss
+
+
+def measure(model: ActionTransformer, batch: dict, targets: torch.Tensor) -> dict:
+    """Heat-map entropy, keypoint spread, the best keypoint's error against `targets` (B, T, n, 2)."""
+    with torch.no_grad():
+        context = model.instruction_context(batch["instruction"])
+        emb = model.embed_steps(batch["image"], batch["proprio"], batch["timestep"], None, context)
+    heat, where = emb.heat, emb.where  # (B, T, C, M, h*w), (B, T, C, M, 2)
+    entropy = float(-(heat.clamp_min(1e-12).log() * heat).sum(-1).mean())
+    target = targets[:, -1, 0]  # (B, 2): the named object in the last step
+    error = (where[:, -1, 0] - target[:, None]).norm(dim=-1).mean(0)  # (M,): each keypoint's mean distance
+    constant = (target - target.mean(0)).norm(dim=-1).mean()
+    return {"entropy": entropy, "spread": float(where.std(0).mean()), "error": float(error.min()),
+            "constant": float(constant)}  # fmt: skip
+
+
+def grad_norm(params) -> float:
+    return float(torch.sqrt(sum(p.grad.norm() ** 2 for p in params if p.grad is not None)))
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser.add_argument("--data", required=True, help="an HDF5 file recorded by vla-collect (it has object_px)")
+    parser.add_argument("--config", default="configs/real.yaml", help="training preset")
+    parser.add_argument("--steps", type=int, default=500, help="optimizer steps")
+    parser.add_argument("--every", type=int, default=100, help="steps between measurements")
+    parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
+    args = parser.parse_args(argv)
+
+    # object_px rides along in the batches for the measurement; it is removed before the loss
+    cfg = load_config(args.config, [*args.overrides, f"train.steps={args.steps}"])
+    trains_on_pixels = bool(cfg.data.keypoint_key)
+    cfg = load_config(args.config, [*args.overrides, f"train.steps={args.steps}", "data.keypoint_key=object_px"])
+    device, _ = setup_processes(cfg)
+    cfg, data = prepare_data(cfg, args.data, None, None)
+    model = ActionTransformer(cfg.model, data.spec).to(device)
+    optimizer, schedule = build_optimizer(model, cfg, device)
+    stream = batches(data.train_set, cfg.train.batch_size, cfg.train.seed, 0, 1, 0, 0, False)
+    pe = model.patch_embed
+    print(f"{'step':>5} {'loss':>6} {'entropy':>8} {'spread':>7} {'error':>6} {'const':>6} {'g_kp':>8} {'g_stem':>8}")
+    print(f"{'':>5} {'':>6} {np.log(model.layout.keypoint_grid**2):>8.2f} (uniform)")
+    start = time.time()
+    for step in range(args.steps + 1):
+        batch = {k: v.to(device) for k, v in next(stream).items() if k != "demo"}
+        targets = batch["keypoint_targets"] if trains_on_pixels else batch.pop("keypoint_targets")
+        out = model(batch)
+        optimizer.zero_grad(set_to_none=True)
+        total_loss(out, cfg.optim).backward()
+        if step % args.every == 0:
+            m = measure(model, batch, targets)
+            print(f"{step:>5} {out['loss'].item():>6.3f} {m['entropy']:>8.2f} {m['spread']:>7.3f} {m['error']:>6.3f} "
+                  f"{m['constant']:>6.3f} {grad_norm(pe.kp_convs.parameters()):>8.1e} "
+                  f"{grad_norm(pe.proj.parameters()):>8.1e}  {time.time() - start:.0f}s", flush=True)  # fmt: skip
+        torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip)
+        optimizer.step()
+        schedule.step()
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
