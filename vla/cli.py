@@ -123,7 +123,7 @@ def check_policy_source(args, local_flags: dict[str, bool]) -> None:
         raise UserError("give one of --checkpoint DIR (run the policy here) and --server URL (a vla-serve runs it)")
     given = [flag for flag, on in local_flags.items() if on]
     if args.server is not None and given:
-        raise UserError(f"{', '.join(given)}: with --server the server runs the policy; give it to vla-serve instead")
+        raise UserError(f"{', '.join(given)}: with --server the server runs the policy (that is for a --checkpoint)")
 
 
 def open_policy(checkpoint=None, server: str | None = None, token: str | None = None, timeout: float = 10.0,

@@ -20,6 +20,7 @@ server refuses (a wrong token, an observation it cannot use) a call raises `Remo
 
 from __future__ import annotations
 
+import contextlib
 import dataclasses
 import difflib
 from types import SimpleNamespace
@@ -55,6 +56,7 @@ class RemotePolicy:
         episodes with (e.g. temporal_ensemble=False), checked here and again there."""
         self.url, self.token, self.timeout = url, token, timeout
         self._ws: ClientConnection | None = None
+        self._open = contextlib.ExitStack()  # holds the connection open across calls; closing it closes the socket
         self._lost = f"not connected to {url}"  # why there is no connection (while _ws is None)
         info = self._connect()
         self.metadata = info
@@ -118,7 +120,7 @@ class RemotePolicy:
 
     def close(self) -> None:
         if self._ws is not None:
-            self._ws.close()
+            self._open.close()
             self._ws, self._lost = None, f"closed the connection to {self.url}"
         self._episode = False
 
@@ -135,8 +137,10 @@ class RemotePolicy:
         self.close()
         headers = {"Authorization": f"Api-Key {self.token}"} if self.token else None
         try:
-            ws = connect(self.url, additional_headers=headers, compression=None, open_timeout=self.timeout,
-                         close_timeout=1.0)  # fmt: skip
+            ws = self._open.enter_context(
+                connect(self.url, additional_headers=headers, compression=None, open_timeout=self.timeout,
+                        close_timeout=1.0)
+            )  # fmt: skip
         except InvalidURI:
             raise RemoteError(f"{self.url!r} is not a websocket address (ws://HOST:PORT)") from None
         except InvalidStatus as e:
@@ -185,6 +189,7 @@ class RemotePolicy:
         """Forget the connection (without waiting on a server that may be gone); raise PolicyUnavailable(why)."""
         if self._ws is not None:
             self._ws.close_socket()
+            self._open.pop_all()  # nothing left to close politely
         self._ws = None  # the episode stays begun: its next steps raise PolicyUnavailable, not "call reset"
         if why is not None:
             self._lost = f"{why}; its episode state went with it: reset() reconnects for the next episode"
