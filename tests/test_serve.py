@@ -114,6 +114,7 @@ def test_openpi_client_drives_vla_serve_and_gets_the_in_process_actions(tiny_che
             obs, *_ = env.step(expected[0])
         env.close()
         assert proc.health()["steps"] == 25
+        assert proc.stop() == 0  # SIGTERM: a clean stop
 
 
 def test_a_new_instruction_or_a_reset_starts_a_new_episode(server, policy):

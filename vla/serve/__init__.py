@@ -9,7 +9,7 @@ unmodified. Every connection is one robot with its own episode (vla/serve/sessio
 the observation keys are in vla/serve/protocol.py, the bytes in vla/serve/wire.py, the server in
 vla/serve/server.py. Logs go to stderr; the first line on stdout says where it listens.
 
-Exit status: 0 after Ctrl-C or SIGTERM (a clean stop), 2 for bad input.
+Exit status: 0 after SIGTERM (a clean stop), 130 after Ctrl-C, 2 for bad input.
 """
 
 from __future__ import annotations
