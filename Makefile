@@ -41,6 +41,9 @@ $(STAMP): pyproject.toml
 	@# difference). Its other requirements are ours already, or scipy.
 	$(BIN)/python -m pip install -q "scipy>=1.4.1" 2>&1 | $(QUIET)
 	$(BIN)/python -m pip install -q --no-deps "metaworld==3.1.1" 2>&1 | $(QUIET) | $(PIN_NOTE)
+	@# openpi's robot client, which the serving tests drive vla-serve with, without its numpy<2 pin (it runs on
+	@# numpy 2; its other requirements are in the [dev] extra).
+	$(BIN)/python -m pip install -q --no-deps "openpi-client==0.1.2" 2>&1 | $(QUIET) | $(PIN_NOTE)
 	@touch $@
 
 demo: setup

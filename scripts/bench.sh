@@ -7,6 +7,7 @@ cd "$(dirname "$0")/.."
 export MUJOCO_GL="${MUJOCO_GL:-egl}"
 OUT=runs/bench
 DATA="${DATA:-data/demo.hdf5}"
+CKPT="${CKPT:-runs/demo}"
 mkdir -p "$OUT"
 # Sections measured by longer runs (the delay sweep) sit below this marker; a rebuild keeps them.
 KEEP="<!-- below: longer runs, kept by make bench -->"
@@ -20,6 +21,10 @@ vla-bench collect --json "$OUT/collect.json"
 vla-bench latency --threads 1 --json "$OUT/latency_backends.json"
 vla-bench plan --hz 20 --budget-ms 10 --threads 1 --json "$OUT/plan_10ms.json"
 vla-bench plan --hz 20 --budget-ms 50 --threads 1 --json "$OUT/plan_50ms.json"
+# serving needs a checkpoint (the demo's) and, for onnxruntime, its export
+[ -f "$CKPT/export/manifest.json" ] || vla-export --checkpoint "$CKPT" --parity-steps 0
+vla-bench serve --checkpoint "$CKPT" --backend onnxruntime --json "$OUT/serve_onnx.json"
+vla-bench serve --checkpoint "$CKPT" --backend torch --json "$OUT/serve_torch.json"
 
 {
   echo "# Benchmarks"
@@ -41,7 +46,9 @@ vla-bench plan --hz 20 --budget-ms 50 --threads 1 --json "$OUT/plan_50ms.json"
   echo "## Streaming step by backend and its FLOP limit (\`vla-bench latency --threads 1\`)"
   echo; cat "$OUT/latency_backends.md"; echo
   echo "## Latency-budget planner (\`vla-bench plan --hz 20 --budget-ms 10|50 --threads 1\`)"
-  echo; cat "$OUT/plan_10ms.md"; echo; cat "$OUT/plan_50ms.md"
+  echo; cat "$OUT/plan_10ms.md"; echo; cat "$OUT/plan_50ms.md"; echo
+  echo "## Serving on loopback, $CKPT (\`vla-bench serve --backend onnxruntime|torch\`)"
+  echo; cat "$OUT/serve_onnx.md"; echo; cat "$OUT/serve_torch.md"
   echo; if [ -n "$kept" ]; then echo "$kept"; else echo "$KEEP"; fi
 } > docs/benchmarks.md
 echo "wrote docs/benchmarks.md"

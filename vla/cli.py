@@ -100,3 +100,40 @@ def policy_overrides(items: list[str]) -> dict:
             raise ConfigError(f"--policy {item!r} is not of the form KEY=VALUE (e.g. readout=argmax)")
         out[key.strip()] = yaml.safe_load(text)
     return out
+
+
+def add_server(parser) -> None:
+    """`--server URL` and `--token T`: run against a policy that `vla-serve` runs elsewhere (vla-eval, vla-deploy)."""
+    parser.add_argument(
+        "--server", default=None, metavar="URL",
+        help="use the policy a vla-serve runs at URL (ws://HOST:PORT) instead of a local --checkpoint",
+    )  # fmt: skip
+    parser.add_argument(
+        "--token", default=os.environ.get("VLA_TOKEN"), metavar="T",
+        help="the server's --token (default: $VLA_TOKEN, which keeps it out of the process list)",
+    )  # fmt: skip
+
+
+def check_policy_source(args, local_flags: dict[str, bool]) -> None:
+    """Exactly one of --checkpoint and --server; with --server, none of the flags that choose how a local policy
+    runs (`local_flags`: flag -> whether it was given), since the server has chosen."""
+    from vla.errors import UserError
+
+    if (args.checkpoint is None) == (args.server is None):
+        raise UserError("give one of --checkpoint DIR (run the policy here) and --server URL (a vla-serve runs it)")
+    given = [flag for flag, on in local_flags.items() if on]
+    if args.server is not None and given:
+        raise UserError(f"{', '.join(given)}: with --server the server runs the policy (that is for a --checkpoint)")
+
+
+def open_policy(checkpoint=None, server: str | None = None, token: str | None = None, timeout: float = 10.0,
+                **kwargs):  # fmt: skip
+    """The checkpoint's policy in this process (`load_policy(checkpoint, **kwargs)`), or the one a vla-serve at
+    `server` runs, over the network (`RemotePolicy`; kwargs are then PolicyConfig overrides only)."""
+    if server is None:
+        from vla.policy import load_policy
+
+        return load_policy(checkpoint, **kwargs)
+    from vla.remote import RemotePolicy
+
+    return RemotePolicy(server, token=token, timeout=timeout, **kwargs)

@@ -30,6 +30,11 @@ slower than the budget every chunk was thrown away, though its later rows were s
 robot) and, once a chunk ran out, kept re-sending its last row as a fresh decision for up to
 ceil(budget / period) ticks (a delta action re-sent moves the hand again: stale motion, never a miss).
 
+A policy that cannot answer (`vla.errors.PolicyUnavailable`: a remote policy server gone or silent,
+vla/remote.py) is an inference that never arrives: its ticks fall back and count as misses like a late
+one's, so a lost server ends in the safe stop within `max_consecutive_misses` ticks, and the result says
+why (`policy_unavailable`, `unavailable_reason`). Any other policy error ends the loop (robot holding).
+
 Action guard (`ActionGuard`): a non-finite action is rejected (the last safe action is held), every
 action is clamped to the action space, and each motion dim may change by at most `max_delta` per tick
 (gripper dims are exempt by default: they are open/close set-points whose actuator already limits
@@ -51,6 +56,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from vla.config import ConfigError
+from vla.errors import PolicyUnavailable
 from vla.robot import Robot
 from vla.smoothness import smoothness
 from vla.strategies import Strategy, check_strategy_options, make_strategy, require_raw_chunks
@@ -196,6 +202,8 @@ class RunResult:
     delay_ticks: list = field(default_factory=list)  # per collected inference: ticks from its observation to use
     executed: list = field(default_factory=list)  # per tick: the action sent (None = a hold)
     chunk_ticks: list = field(default_factory=list)  # per tick: observation tick of the chunk it came from, -1 = none
+    policy_unavailable: int = 0  # inferences the policy could not answer (PolicyUnavailable: a remote server gone)
+    unavailable_reason: str = ""  # the last one's message
 
     def summary(self) -> dict:
         """JSON-ready figures (percentiles instead of the per-tick lists, which stay under "ticks")."""
@@ -359,10 +367,11 @@ class Controller:
                     if worker is None:
                         current = current if late else _Chunk(actions, k)
                     else:
-                        strategy = self._strategy(plan, len(actions))
+                        strategy = self._strategy(plan, self.policy.chunk if actions is None else len(actions))
                         self._policy_step = strategy.policy_step  # the worker stamps its inferences with it
                         measured.append(math.ceil(took / period - 1e-9))
-                        strategy.receive(0, actions, 0)  # its later rows serve the next ticks even if tick 0's is late
+                        if actions is not None:  # its later rows serve the next ticks even if tick 0's is late
+                            strategy.receive(0, actions, 0)
                         late_first = late
                 else:
                     self._collect(worker, strategy, measured, result, k)
@@ -407,6 +416,9 @@ class Controller:
     def _collect(worker: InferenceWorker, strategy: Strategy, measured: deque, result: RunResult, k: int) -> None:
         """Hand the worker's finished inferences to the strategy; `measured` gets the ticks each took."""
         for tick, _, out, start, done in worker.poll():
+            if isinstance(out, PolicyUnavailable):  # it never arrives: the strategy runs out of rows and holds
+                Controller._unavailable(result, out)
+                continue
             if isinstance(out, Exception):
                 raise out
             result.inference_ms.append((done - start) * 1e3)
@@ -418,14 +430,23 @@ class Controller:
                 result.late_inferences += 1  # every row is for a tick already past
 
     def _infer_inline(self, obs: dict, k: int, deadline: float, result: RunResult) -> tuple[np.ndarray, float, bool]:
-        """Infer on this thread (the synchronous loop; the worker loop's first tick): the chunk, the seconds it
-        took and whether it came after the deadline."""
+        """Infer on this thread (the synchronous loop; the worker loop's first tick): the chunk (None when the
+        policy was unavailable), the seconds it took and whether it came after the deadline."""
         start = self.clock()
-        actions = self._infer(obs, k)
+        try:
+            actions = self._infer(obs, k)
+        except PolicyUnavailable as e:  # as late as an inference can be: this tick falls back
+            self._unavailable(result, e)
+            return None, self.clock() - start, True
         done = self.clock()
         result.inference_ms.append((done - start) * 1e3)
         result.late_inferences += done > deadline
         return actions, done - start, done > deadline
+
+    @staticmethod
+    def _unavailable(result: RunResult, e: PolicyUnavailable) -> None:
+        result.policy_unavailable += 1
+        result.unavailable_reason = str(e)
 
     @staticmethod
     def _count_miss(result: RunResult, source: str, consecutive: int) -> int:

@@ -12,6 +12,11 @@ delay_aware in a worker thread, where the measured inference time decides the de
 The JSON adds "strategy", "delay_ticks" (max/mean of the measured delay) and "smoothness" (mean
 absolute jerk, jump at chunk boundaries). `--async` is `--strategy chunk --execute 1`.
 
+`--server URL [--token T]` runs the loop against the policy a `vla-serve` runs (vla/remote.py): the network
+round trip is part of every inference, so it is the delay the strategies measure and plan with. A server
+lost mid-episode is an inference that never arrives: the loop makes its safe stop within
+--max-consecutive-misses ticks and says why on one line.
+
 Exit status: 0 when the episode ran to its end (success or not), 3 after a safe stop (too many
 consecutive deadline misses), 2 for bad input.
 """
@@ -74,7 +79,8 @@ def main(argv: list[str] | None = None) -> int:
         description="Run a policy in a fixed-rate real-time loop under a latency budget on the simulated robot.",
         epilog=__doc__.split("\n\n")[-1],
     )
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint directory (vla-train --out)")
+    cli.add_server(parser)
     parser.add_argument("--task", required=True, help="task id or short name, e.g. tabletop/Reach-v0 or reach")
     parser.add_argument("--hz", type=float, default=20.0, help="control rate, ticks per second (default 20)")
     parser.add_argument("--budget-ms", type=float, default=50.0, help="deadline per decision, ms (default 50)")
@@ -139,6 +145,9 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     from vla.controller import ControllerConfig
 
+    local = {"--backend": args.backend != "torch", "--device": args.device is not None,
+             "--threads": args.threads is not None}  # fmt: skip
+    cli.check_policy_source(args, local)
     if args.strategy == "delay_aware" and args.backend != "torch":
         raise UserError(
             "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"
@@ -163,28 +172,23 @@ def _run(args) -> int:
     import envs
 
     task = envs.task_id(args.task)
-    import torch
-
     from vla.controller import ActionGuard, Controller
-    from vla.evaluate import policy_env
-    from vla.policy import load_policy
-    from vla.robot import SimRobot
-
-    if args.backend != "torch":  # its session takes torch's thread count when it is made
-        torch.set_num_threads(args.threads or 1)
     from vla.delay import raw_chunk_overrides
+    from vla.evaluate import policy_env
+    from vla.robot import SimRobot
 
     overrides = cli.policy_overrides(args.policy) | ({"kv_cache": False} if args.no_kv_cache else {})
     if config.worker_strategy is not None:  # the strategy schedules the raw chunks; an explicit --policy wins
         overrides = raw_chunk_overrides(config.worker_strategy[0]) | overrides
-    policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
+    if args.server is not None:
+        policy = cli.open_policy(server=args.server, token=args.token, timeout=reply_timeout(config), **overrides)
+    else:
+        policy = _load_here(args, overrides)
     if config.strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
         raise UserError(
             "--strategy delay_aware needs a checkpoint trained with model.committed_actions=true "
             "train.delay_aware_max=N; this one has no committed action slots"
         )
-    if args.threads is not None or policy.device.type == "cpu":
-        torch.set_num_threads(args.threads or 1)
     robot = SimRobot(policy_env(task, policy.spec), seed=args.seed)
     guard = ActionGuard.from_robot(robot, max_delta=args.max_delta or None, limit_gripper=args.limit_gripper)
     try:
@@ -197,22 +201,47 @@ def _run(args) -> int:
     out.parent.mkdir(parents=True, exist_ok=True)
     out.write_text(json.dumps(report, indent=2) + "\n")
     png = out.with_suffix(".png")
-    title = (
-        f"{task} at {args.hz:g} Hz, {result.strategy}, {Path(args.checkpoint).name}, injected {latency:g}±{jitter:g} ms"
-    )
+    name = Path(report["checkpoint"]).name
+    title = f"{task} at {args.hz:g} Hz, {result.strategy}, {name}, injected {latency:g}±{jitter:g} ms"
     save_histogram(png, result.latency_ms, args.budget_ms, title)
     if not args.quiet:
         print(format_summary(report, out, png))
+    if result.safe_stop:
+        why = f": {result.unavailable_reason}" if result.policy_unavailable else ""
+        stop = f"vla-deploy: safe stop after {config.max_consecutive_misses} deadline misses in a row{why}"
+        print(stop, file=sys.stderr)
     return SAFE_STOP_EXIT if result.safe_stop else 0
+
+
+def _load_here(args, overrides: dict):
+    """The checkpoint's policy in this process, on --threads torch threads (1 by default on a CPU)."""
+    import torch
+
+    from vla.policy import load_policy
+
+    if args.backend != "torch":  # its session takes torch's thread count when it is made
+        torch.set_num_threads(args.threads or 1)
+    policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
+    if args.threads is not None or policy.device.type == "cpu":
+        torch.set_num_threads(args.threads or 1)
+    return policy
+
+
+def reply_timeout(config) -> float:
+    """How long a remote step may take before the connection counts as lost, seconds: as long as the safe stop
+    would take to come anyway (a later reply is of no use), at least a second (a first step may be slow)."""
+    if not config.max_consecutive_misses:
+        return 10.0
+    return max(1.0, config.max_consecutive_misses * config.period_s)
 
 
 def make_report(args, config, task: str, policy, sim_time: float, result) -> dict:
     """What one deployment run writes to its JSON: the settings it ran with, then the controller's summary."""
-    import torch
-
+    remote = getattr(policy, "metadata", None) if args.server is not None else None  # what the server runs
     latency, jitter = args.inject_latency_ms
     return {
-        "checkpoint": str(args.checkpoint),
+        "checkpoint": str(args.checkpoint if remote is None else remote["checkpoint"]),
+        "server": args.server,
         "task": task,
         "seed": args.seed,
         "hz": args.hz,
@@ -221,9 +250,9 @@ def make_report(args, config, task: str, policy, sim_time: float, result) -> dic
         "seconds": args.seconds,
         "async": config.worker_strategy is not None,
         "kv_cache": not args.no_kv_cache,
-        "backend": args.backend,
+        "backend": args.backend if remote is None else remote["backend"],
         "device": str(policy.device),
-        "torch_threads": torch.get_num_threads(),
+        "torch_threads": None if remote is not None else _torch_threads(),
         "inject_latency_ms": {"mean": latency, "jitter": jitter},
         "max_consecutive_misses": args.max_consecutive_misses,
         "max_delta": args.max_delta or None,
@@ -231,6 +260,12 @@ def make_report(args, config, task: str, policy, sim_time: float, result) -> dic
         "sim_time_s": sim_time,
         **result.summary(),
     }
+
+
+def _torch_threads() -> int:
+    import torch
+
+    return torch.get_num_threads()
 
 
 def format_summary(r: dict, json_path: Path, png: Path) -> str:

@@ -10,3 +10,10 @@ from __future__ import annotations
 
 class UserError(Exception):
     """Bad input or environment the user can fix; the CLIs print it as one line and exit 2."""
+
+
+class PolicyUnavailable(UserError):
+    """The policy cannot answer now: a remote policy server is unreachable, gone, or did not reply in time.
+
+    The controller counts a step that meets it as a deadline miss (too many in a row make its safe stop);
+    anywhere else it is one line and exit 2, like any user error."""

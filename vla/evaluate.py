@@ -10,6 +10,8 @@ the mean episode length, and the overall rate, as a table and as JSON:
 `--delay-ticks D --strategy NAME [--execute S]` simulates D control ticks of inference delay in simulated
 time (vla/delay.py, strategies in vla/strategies.py) and adds the smoothness of the executed actions
 (mean absolute jerk, the jump at chunk boundaries) per task under "smoothness".
+`--server URL [--token T]` evaluates the policy a `vla-serve` runs instead of a local `--checkpoint` (over the
+network, vla/remote.py: the same actions, so the same episodes; the server chose the backend and device).
 `--instructions` probes language grounding: "swap_colour" names a distractor block instead of the
 target, "other_task" gives the instruction of another task in the same scene; a policy that reads
 the instruction should then fail. "paraphrase" rephrases the episode's own instruction with the
@@ -206,9 +208,7 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
     import torch
 
     torch.set_num_threads(WORKER_THREADS)
-    from vla.policy import load_policy
-
-    policy = info_of = load_policy(checkpoint, **policy_kwargs)
+    policy = info_of = cli.open_policy(checkpoint, **policy_kwargs)
     if delay is not None:
         from vla.delay import DelayedPolicy
 
@@ -233,8 +233,8 @@ def evaluate_parallel(
 ) -> dict:  # fmt: skip
     """Split (task, seed) jobs over `workers` processes, each with its own policy copy.
 
-    `policy_kwargs` go to every worker's `load_policy` (device, kv_cache), as in the single-process path;
-    `delay` as in `evaluate`."""
+    `policy_kwargs` go to every worker's `cli.open_policy` (device, kv_cache; or server, token: each worker
+    its own connection), as in the single-process path; `delay` as in `evaluate`."""
     import multiprocessing as mp
 
     from tqdm import tqdm
@@ -336,7 +336,8 @@ def delay_report(delay: dict, chunk: int) -> dict:
 
 def main(argv: list[str] | None = None) -> int:
     parser = argparse.ArgumentParser(prog="vla-eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
+    parser.add_argument("--checkpoint", default=None, help="checkpoint directory (vla-train --out)")
+    cli.add_server(parser)
     parser.add_argument("--episodes-per-task", type=int, default=50, help="episodes per task (default 50)")
     parser.add_argument("--json", help="write the results here")
     parser.add_argument("--seed", type=int, default=EVAL_SEED, help=f"first seed (default {EVAL_SEED})")
@@ -417,8 +418,10 @@ def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None) -> 
 
 def _run(args) -> int:
     import envs
-    from vla.policy import load_policy
 
+    local = {"--backend": args.backend != "torch", "--device": args.device is not None,
+             "--threads": args.threads is not None, "--attention": args.attention is not None}  # fmt: skip
+    cli.check_policy_source(args, local)
     if args.episodes_per_task < 1:
         raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
     if args.workers < 1:
@@ -431,13 +434,15 @@ def _run(args) -> int:
         raise UserError(f"--backend {args.backend} has no attention figures (they read torch's attention maps)")
     delay = delay_options(args.delay_ticks, args.strategy, args.execute)
     policy_kwargs = {"device": cli.device(args.device), "backend": args.backend, **cli.policy_overrides(args.policy)}
+    if args.server is not None:  # the server's backend and device; ours are PolicyConfig overrides only
+        policy_kwargs = {"server": args.server, "token": args.token, **cli.policy_overrides(args.policy)}
     if args.no_kv_cache:
         policy_kwargs["kv_cache"] = False
     if delay is not None:
         from vla.delay import raw_chunk_overrides
 
         policy_kwargs = raw_chunk_overrides(delay["strategy"]) | policy_kwargs  # an explicit --policy wins
-    policy = load_policy(args.checkpoint, **policy_kwargs)
+    policy = cli.open_policy(args.checkpoint, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":
         tasks = list(trained)
@@ -471,11 +476,14 @@ def _run(args) -> int:
         add_expert_rates(result, json.loads(Path(args.experts).read_text()), args.seed, args.experts)
     result["seconds"] = time.perf_counter() - start
     result["instructions"] = args.instructions
-    result["checkpoint"] = str(args.checkpoint)
-    result["backend"] = args.backend
+    result["checkpoint"] = str(args.checkpoint if args.server is None else policy.metadata["checkpoint"])
+    result["backend"] = args.backend if args.server is None else policy.metadata["backend"]
+    result["server"] = args.server
     if delay is not None:
         result["delay"] = delay_report(delay, policy.chunk)
-    title = f"checkpoint {args.checkpoint}, instructions: {args.instructions}"
+    title = f"checkpoint {result['checkpoint']}, instructions: {args.instructions}"
+    if args.server is not None:
+        title += f", served by {args.server}"
     if delay is not None:
         d, sm = result["delay"], result["smoothness"]["overall"]
         title += (f", delay {d['delay_ticks']} ticks, strategy {d['strategy']} (execute {d['execute_effective']}); "

@@ -13,6 +13,7 @@ distinct ring state). The readout and temporal ensembling are `vla.policy.Policy
 
 from __future__ import annotations
 
+import copy
 import dataclasses
 import importlib.util
 import json
@@ -152,13 +153,7 @@ class OnnxPolicy:
         self.meta = {"tasks": manifest.get("tasks"), "model": manifest["model"], "data_spec": manifest["data_spec"]}
         self.spec = SimpleNamespace(**manifest["data_spec"])
         self.cfg = SimpleNamespace(**manifest["model"])
-        self.config = config or PolicyConfig(**manifest["policy"])
-        if self.config.n_action_steps > self.cfg.chunk:
-            raise ValueError(f"policy n_action_steps={self.config.n_action_steps} exceeds the chunk={self.cfg.chunk}")
-        if self.config.temperature > 0:
-            raise ValueError("the onnxruntime backend decodes greedily: temperature must be 0")
-        if not self.config.kv_cache:
-            raise ValueError("the onnxruntime backend always streams with the KV cache (kv_cache=False is torch-only)")
+        self.config = self._checked(config or PolicyConfig(**manifest["policy"]))
         files = {name: graph["file"] for name, graph in manifest["graphs"].items()}
         ring = (self.cfg.instruction_len, self.cfg.window, manifest["tokens_per_step"])
         self._streamer = OnnxStreamer(self.dir, files, ring, threads, int8)
@@ -174,6 +169,26 @@ class OnnxPolicy:
         self._plan: np.ndarray | None = None
         self._plan_t: int | None = None  # the step it was planned at (PolicyConfig.plan_row)
         self.t = 0
+
+    def _checked(self, config: PolicyConfig) -> PolicyConfig:
+        """`config` if this runtime can run it (ValueError otherwise)."""
+        if config.n_action_steps > self.cfg.chunk:
+            raise ValueError(f"policy n_action_steps={config.n_action_steps} exceeds the chunk={self.cfg.chunk}")
+        if config.temperature > 0:
+            raise ValueError("the onnxruntime backend decodes greedily: temperature must be 0")
+        if not config.kv_cache:
+            raise ValueError("the onnxruntime backend always streams with the KV cache (kv_cache=False is torch-only)")
+        return config
+
+    def fork(self, **overrides) -> OnnxPolicy:
+        """A policy on the same graphs (one set of onnxruntime sessions) with its own episode state, and
+        `overrides` (PolicyConfig fields) on top of this one's settings: vla-serve makes one per connection."""
+        twin = copy.copy(self)
+        twin.config = self._checked(from_dict(PolicyConfig, {**dataclasses.asdict(self.config), **overrides}, "policy"))
+        twin._streamer = copy.copy(self._streamer)  # shares the sessions; `start` gives it its own buffers
+        twin._ensembler = TemporalEnsembler(self.cfg.chunk, twin.config.ensemble_coeff)
+        twin._started, twin._plan, twin._plan_t, twin.t = False, None, None, 0
+        return twin
 
     @property
     def action_dim(self) -> int:

@@ -12,6 +12,7 @@ it recomputes the whole window from scratch every step; both give the same actio
 
 from __future__ import annotations
 
+import dataclasses
 from collections import deque
 from pathlib import Path
 
@@ -65,6 +66,12 @@ class Policy:
         self._instruction: torch.Tensor | None = None
         self._centres = torch.as_tensor(tokenizers.action.centres, dtype=torch.float32, device=self.device)  # (A, bins)
         self.t = 0
+
+    def fork(self, **overrides) -> Policy:
+        """A policy on the same weights with its own episode state (KV cache, ensembling, step counter), and
+        `overrides` (PolicyConfig fields) on top of this one's settings: vla-serve makes one per connection."""
+        config = from_dict(PolicyConfig, {**dataclasses.asdict(self.config), **overrides}, "policy")
+        return Policy(self.model, self.tok, self.meta, config)
 
     @property
     def action_dim(self) -> int:

@@ -14,7 +14,7 @@ from pathlib import Path
 
 from vla import cli
 
-SUBCOMMANDS = ("latency", "plan", "train", "data", "collect", "delay")
+SUBCOMMANDS = ("latency", "plan", "train", "data", "collect", "delay", "serve")
 
 
 def main(argv: list[str] | None = None) -> int:

@@ -1,0 +1,5 @@
+import sys
+
+from vla.serve import main
+
+sys.exit(main())
