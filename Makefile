@@ -35,7 +35,7 @@ $(STAMP): pyproject.toml
 	@[ -x $(BIN)/python ] || $(PYTHON) -m venv $(VENV)
 	$(BIN)/python -m pip install -q --upgrade pip 2>&1 | $(QUIET)
 	$(BIN)/python -m pip install -q "$(TORCH)" 2>&1 | $(QUIET)
-	$(BIN)/python -m pip install -q -e ".[dev,bench,export,text]" 2>&1 | $(QUIET)
+	$(BIN)/python -m pip install -q -e ".[dev,bench,export,text,vision]" 2>&1 | $(QUIET)
 	@# Meta-World (the [metaworld] extra) without its mujoco==3.3.0 pin: 3.3.0 breaks the tabletop suite's
 	@# bit-exact replay tests, and metaworld runs on the current MuJoCo 3 (envs/metaworld.py bridges the one
 	@# difference). Its other requirements are ours already, or scipy.

@@ -81,6 +81,12 @@ def check_exportable(model: ActionTransformer, policy_config=None) -> None:
             f"model.text_encoder={cfg.text_encoder!r} cannot be exported: the prefix graph would have to carry the "
             "Hugging Face encoder; run this policy with the torch backend"
         )
+    if cfg.vision_encoder:
+        raise ExportError(
+            f"model.vision_encoder={cfg.vision_encoder!r} cannot be exported: the step graph would have to carry the "
+            "Hugging Face image model, which this exporter neither traces nor checks; run this policy with the torch "
+            "backend"
+        )
     if policy_config is not None and policy_config.temperature > 0:
         raise ExportError(
             f"policy temperature={policy_config.temperature} (sampling) cannot be exported: the exported policy is "

@@ -136,6 +136,11 @@ def _flops(cfg: ModelConfig, lay: TokenLayout) -> dict:
 
 def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
     """Parameters by component (total == sum of numel) and FLOPs, for a config (no weights allocated)."""
+    if cfg.vision_encoder:
+        raise ValueError(
+            f"vision_encoder={cfg.vision_encoder!r}: the model card counts the network's own layers and the conv "
+            "stem's FLOPs, not a pretrained image model's"
+        )
     with torch.device("meta"):
         model = ActionTransformer(cfg, spec)
     lay = model.layout

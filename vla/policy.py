@@ -26,7 +26,8 @@ from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.observation import check_instruction, check_observation
 from vla.policy_config import BACKENDS, PolicyConfig
 from vla.temporal_ensemble import TemporalEnsembler
-from vla.text_encoder import relocated
+from vla.text_encoder import relocated as text_relocated
+from vla.vision_encoder import relocated as vision_relocated
 
 
 def pick_device(device: str | torch.device | None = None) -> torch.device:
@@ -185,6 +186,7 @@ def load_policy(
     kv_cache: bool | None = None,
     backend: str = "torch",
     text_encoder: str | Path | None = None,
+    vision_encoder: str | Path | None = None,
     **overrides,
 ) -> Policy:
     """Build a Policy from a checkpoint directory (safetensors + JSON; never unpickles).
@@ -192,7 +194,8 @@ def load_policy(
     `kv_cache` and `overrides` are PolicyConfig fields (readout, temporal_ensemble, n_action_steps, ...)
     that replace the values saved with the checkpoint. backend="onnxruntime": the exported graphs
     (`vla-export`; an `OnnxPolicy` with the same API, see vla/onnx_policy.py). `text_encoder`: where the
-    checkpoint's text encoder folder is on this machine, if it moved (its fingerprint must still match).
+    checkpoint's text encoder folder is on this machine, if it moved (its fingerprint must still match);
+    `vision_encoder` the same for its vision encoder folder.
     backend="onnxruntime-int8": the same with the dynamically quantized step graph (`vla-export --int8`)."""
     if backend in ("onnxruntime", "onnxruntime-int8"):
         from vla.onnx_policy import load_onnx_policy
@@ -204,7 +207,8 @@ def load_policy(
     if backend != "torch":
         raise ConfigError(f"backend {backend!r} is not one of {', '.join(BACKENDS)}")
     ckpt = load_checkpoint(checkpoint_dir)
-    meta = ckpt.meta if text_encoder is None else relocated(ckpt.meta, text_encoder)
+    meta = ckpt.meta if text_encoder is None else text_relocated(ckpt.meta, text_encoder)
+    meta = meta if vision_encoder is None else vision_relocated(meta, vision_encoder)
     if kv_cache is not None:
         overrides["kv_cache"] = kv_cache
     try:

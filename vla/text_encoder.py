@@ -9,7 +9,7 @@ map (`ActionTransformer.embed_instruction`), plus the usual position and segment
 word is then whatever the pretrained encoder makes of it, not byte tokens the policy never learned.
 
 - Never a download: a path that is not a local directory is refused before transformers is asked, and
-  transformers loads with `local_files_only=True`.
+  transformers loads with `local_files_only=True` (vla/hf_folder.py, shared with vla/vision_encoder.py).
 - Frozen: the encoder's weights are never trained (`requires_grad=False`, eval mode, no_grad) and never
   saved with ours. They are held outside the network's module tree, so `state_dict()`, `parameters()`
   and the optimizer never see them; a checkpoint records the folder's path and `fingerprint` instead,
@@ -24,7 +24,6 @@ here only, and only when a text encoder is used: `pip install -e ".[text]"`.
 
 from __future__ import annotations
 
-import hashlib
 import os
 from collections import OrderedDict
 from collections.abc import Iterable
@@ -35,61 +34,18 @@ import torch
 import torch.nn as nn
 
 from vla.errors import UserError
+from vla.hf_folder import ModelFolder
 from vla.tokenizers.text import PAD_ID, pad_encodings
 
 KIND, VERSION = "hf-encoder", 1
-# The files that decide what the encoder computes: config, weights, tokenizer (vocab, merges, sentencepiece).
-FINGERPRINTED_SUFFIXES = (".json", ".safetensors", ".bin", ".txt", ".model")
-_digests: dict[tuple, str] = {}  # fingerprint memo, keyed on the files' names, sizes and mtimes
 
 
 class TextEncoderError(UserError):
     """The text encoder folder is not there, not a model folder, or not the one a checkpoint was trained on."""
 
 
-def encoder_dir(path: str | os.PathLike) -> Path:
-    """The folder `path` names, resolved; refused (one line) unless it is a local Hugging Face model folder."""
-    folder = Path(path).expanduser()
-    if not folder.is_dir():
-        raise TextEncoderError(
-            f"text encoder {path}: not a local directory (model.text_encoder is the path of a Hugging Face model "
-            "folder on disk; nothing is ever downloaded)"
-        )
-    if not (folder / "config.json").is_file():
-        raise TextEncoderError(f"text encoder {path}: no config.json, so not a Hugging Face model folder")
-    return folder.resolve()
-
-
-def fingerprint(path: str | os.PathLike) -> str:
-    """sha256 over the folder's config, weight and tokenizer files (sorted names, sizes and bytes), 16 hex digits."""
-    folder = encoder_dir(path)
-    files = sorted(f for f in folder.iterdir() if f.is_file() and f.suffix in FINGERPRINTED_SUFFIXES)
-    key = (str(folder), *((f.name, f.stat().st_size, f.stat().st_mtime_ns) for f in files))
-    if key not in _digests:  # a GB-sized encoder is hashed once per process, not at every load
-        h = hashlib.sha256()
-        for f in files:
-            h.update(f"{f.name}\0{f.stat().st_size}\0".encode())
-            with f.open("rb") as stream:
-                for block in iter(lambda s=stream: s.read(1 << 20), b""):
-                    h.update(block)
-        _digests[key] = h.hexdigest()[:16]
-    return _digests[key]
-
-
-def checked_dir(path: str | os.PathLike, expected: str | None) -> tuple[Path, str]:
-    """(folder, fingerprint); with `expected` (what a checkpoint recorded) a missing or different folder is refused."""
-    if expected and not Path(path).expanduser().is_dir():
-        raise TextEncoderError(
-            f"text encoder {path}: the folder is missing (the checkpoint was trained against fingerprint "
-            f"{expected}); put that encoder back at this path"
-        )
-    folder, actual = encoder_dir(path), fingerprint(path)
-    if expected and actual != expected:
-        raise TextEncoderError(
-            f"text encoder {path}: fingerprint {actual} differs from {expected} recorded in the checkpoint "
-            "(the folder changed since training); restore that encoder or train again"
-        )
-    return folder, actual
+FOLDER = ModelFolder("text encoder", "model.text_encoder", "text", TextEncoderError)
+fingerprint = FOLDER.fingerprint  # the text encoder folder's (vla/hf_folder.py)
 
 
 def relocated(meta: dict, path: str | os.PathLike) -> dict:
@@ -103,21 +59,6 @@ def relocated(meta: dict, path: str | os.PathLike) -> dict:
     return {**meta, "model": {**meta["model"], "text_encoder": folder}, "tokenizers": tokenizers}
 
 
-def _from_pretrained(kind: str, folder: Path):
-    """`transformers.<kind>.from_pretrained(folder)` from local files only; a folder it cannot read is one line."""
-    try:
-        import transformers
-    except ImportError:
-        raise TextEncoderError("model.text_encoder needs the transformers library: pip install -e '.[text]'") from None
-    try:
-        return getattr(transformers, kind).from_pretrained(folder, local_files_only=True)
-    except (OSError, ValueError, KeyError) as e:  # no weights / tokenizer files, an unknown model type, ...
-        detail = " ".join(str(e).split())[:300]
-        raise TextEncoderError(
-            f"text encoder {folder}: transformers cannot load it ({type(e).__name__}: {detail})"
-        ) from None
-
-
 class EncoderTokenizer:
     """The encoder's own tokenizer behind `TextTokenizer`'s interface; saved with the checkpoint as its
     folder's path and fingerprint (the vocabulary itself stays in the folder)."""
@@ -127,8 +68,8 @@ class EncoderTokenizer:
 
     @classmethod
     def open(cls, path: str | os.PathLike, expected_fingerprint: str | None = None) -> EncoderTokenizer:
-        folder, digest = checked_dir(path, expected_fingerprint)
-        hf = _from_pretrained("AutoTokenizer", folder)
+        folder, digest = FOLDER.checked(path, expected_fingerprint)
+        hf = FOLDER.from_pretrained("AutoTokenizer", folder)
         # transformers 5 builds an empty tokenizer (special tokens only) from a folder without tokenizer files:
         # every word would become [UNK]
         if len(hf) <= len(set(hf.all_special_ids)):
@@ -179,9 +120,9 @@ class FrozenTextEncoder(nn.Module):
 
     def __init__(self, path: str | os.PathLike, expected_fingerprint: str | None = None, cache_size: int = 1024):
         super().__init__()
-        folder, self.fingerprint = checked_dir(path, expected_fingerprint)
+        folder, self.fingerprint = FOLDER.checked(path, expected_fingerprint)
         self.path = str(folder)
-        hf = _from_pretrained("AutoModel", folder)
+        hf = FOLDER.from_pretrained("AutoModel", folder)
         if hf.config.is_encoder_decoder:  # T5-style: the encoder half
             hf = hf.get_encoder()
         hf.requires_grad_(False).eval()

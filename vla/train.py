@@ -38,6 +38,7 @@ from vla.policy import Policy, pick_device
 from vla.run_log import RunLog, SilentLog
 from vla.sources import open_source
 from vla.train_config import DataConfig, OptimConfig, TrainConfig, load_config
+from vla.vision_encoder import FOLDER as VISION_FOLDER
 from vla.weight_average import WeightAverage
 
 
@@ -302,9 +303,15 @@ def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
 def prepare_data(cfg: TrainConfig, data_path: str, resume: Checkpoint | None, state: dict | None):
     """The data (with a resumed or initializing run's tokenizers) and the config completed by what the data
     decides; a resume on another dataset is refused."""
+    vision_fingerprint = ""
+    if cfg.model.vision_encoder:  # checked before the data is read; a resumed or initializing run's must match
+        recorded = resume.meta["data_spec"].get("vision_fingerprint") if resume else None
+        folder, vision_fingerprint = VISION_FOLDER.checked(cfg.model.vision_encoder, recorded)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vision_encoder=str(folder)))  # absolute
     if not state:
         cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
     data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
+    data = dataclasses.replace(data, spec=dataclasses.replace(data.spec, vision_fingerprint=vision_fingerprint))
     if cfg.model.text_encoder:  # recorded as an absolute path, so the checkpoint loads from any directory
         cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_encoder=data.tokenizers.text.path))
     if cfg.eval.episodes > 0 and not set(data.tasks) <= registered_tasks():

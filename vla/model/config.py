@@ -27,11 +27,14 @@ class ModelConfig:
         "n_cameras",
         "aux_dim",
         "text_fingerprint",
+        "vision_fingerprint",
     )
     # vision
     patch_size: int = 16  # ViT patch side, pixels
     patch_embed: Literal["linear", "conv"] = "conv"  # pixels -> d_model: per-patch linear, or stride-conv stem
     conv_channels: int = 16  # channels of the conv stem's first stage, doubling per stage (patch_embed="conv")
+    vision_encoder: str | None = None  # local HF image-model folder in place of the conv stem (vla/vision_encoder.py)
+    vision_encoder_trainable: bool = False  # fine-tune it (saved in model.safetensors); False: frozen, not saved
     film: bool = True  # condition the conv stem and keypoints on the instruction (FiLM, as RT-1 does)
     keypoints: int = 8  # spatial-softmax keypoint tokens per camera and step (0 = patches only)
     keypoint_channels: int = 32  # hidden channels of the keypoint network, at half the image resolution
@@ -74,6 +77,20 @@ class ModelConfig:
             raise ValueError(f"keypoints={self.keypoints} must be >= 0")
         if self.film and self.patch_embed != "conv" and not self.keypoints:
             raise ValueError(f"film=True needs patch_embed='conv' or keypoints, got patch_embed={self.patch_embed!r}")
+        if self.vision_encoder is not None and not self.vision_encoder.strip():
+            raise ValueError("vision_encoder='' names no folder; use null for the conv stem")
+        if self.vision_encoder_trainable and not self.vision_encoder:
+            raise ValueError("vision_encoder_trainable=True needs a vision_encoder folder, got vision_encoder=None")
+        if self.vision_encoder and self.patch_embed != "conv":
+            raise ValueError(
+                f"vision_encoder={self.vision_encoder!r} takes the conv stem's place: it needs patch_embed='conv', "
+                f"got patch_embed={self.patch_embed!r}"
+            )
+        if self.vision_encoder and self.film and not self.keypoints:  # the pretrained encoder takes no FiLM
+            raise ValueError(
+                f"film=True with vision_encoder={self.vision_encoder!r} conditions nothing: it needs keypoints > 0, "
+                "got keypoints=0 (or set film=false)"
+            )
         if self.aux_feed and not self.keypoints:
             raise ValueError("aux_feed=True needs keypoints > 0 (the auxiliary prediction reads the keypoints)")
         if self.committed_actions and (self.action_decoding != "parallel" or self.causal_scope != "step"):
@@ -100,6 +117,7 @@ class DataSpec:
     n_cameras: int = 1  # cameras per step
     aux_dim: int = 0  # auxiliary regression targets per step (privileged positions; 0 = none), training only
     text_fingerprint: str = ""  # the text encoder folder the ids come from (text_encoder.fingerprint); "" = words
+    vision_fingerprint: str = ""  # the vision encoder folder trained against (vision_encoder.fingerprint); "" = stem
 
     def __post_init__(self):
         for name in ("image_size", "proprio_dim", "action_dim", "vocab_size", "n_cameras"):

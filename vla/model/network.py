@@ -11,7 +11,8 @@ embed -> trunk -> head, in that order, in every pass:
   or action bin) plus a segment embedding (instruction / image / proprio / action) plus, for step
   tokens, an index-within-step embedding. `embed_steps` is the only step embedding: training,
   recompute and the streaming step all call it. With `text_encoder` an instruction token's content is a
-  frozen pretrained encoder's feature at that token, projected to d (vla/text_encoder.py).
+  frozen pretrained encoder's feature at that token, projected to d (vla/text_encoder.py). With
+  `vision_encoder` a pretrained image model's feature map gives the patch tokens (vla/vision_encoder.py).
 - trunk: pre-norm blocks under the one attention rule of `transformer.attention_mask`, a final norm.
   Only the action slots' outputs are ever read, so the last block computes queries, projection and MLP
   for those rows only (its keys/values still come from every token).
@@ -153,14 +154,15 @@ class ActionTransformer(nn.Module):
 
     def _init_parameters(self) -> None:
         cfg, H, K = self.cfg, self.cfg.n_head, self.cfg.window
+        pe = self.patch_embed
+        pretrained = set(pe.encoder.modules()) if pe.encoder is not None else set()  # fine-tuned: keeps its weights
         for module in self.modules():
-            if isinstance(module, (nn.Linear, nn.Embedding)):
+            if isinstance(module, (nn.Linear, nn.Embedding)) and module not in pretrained:
                 nn.init.normal_(module.weight, mean=0.0, std=0.02)
                 if isinstance(module, nn.Linear) and module.bias is not None:
                     nn.init.zeros_(module.bias)
         # FiLM and the auxiliary readout keep PyTorch's fan-in init: from N(0, 0.02) their signal into the
         # stem starts an order of magnitude weaker, and localization is what the demo budget is short of.
-        pe = self.patch_embed
         for module in [
             self.film_pool,
             *(m for m in (self.aux_head or []) if isinstance(m, nn.Linear)),
@@ -171,7 +173,7 @@ class ActionTransformer(nn.Module):
             if module is not None:
                 module.reset_parameters()
         for name, p in self.named_parameters():
-            if name.endswith("c_proj.weight"):  # residual projections, GPT-2 scaling
+            if name.endswith("c_proj.weight") and not name.startswith("patch_embed.encoder."):  # residual: GPT-2
                 nn.init.normal_(p, mean=0.0, std=0.02 / math.sqrt(2 * cfg.n_layer))
         for p in (pe.row, pe.col, pe.camera):
             nn.init.normal_(p, mean=0.0, std=0.02)

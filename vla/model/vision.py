@@ -1,5 +1,8 @@
 """Vision encoder: uint8 frames -> image tokens (patch features, then spatial-softmax keypoints).
 
+Patch features come from a conv stem, linear patches, or a pretrained image model's feature map
+(`model.vision_encoder`, vla/vision_encoder.py); the keypoints always read the pixels.
+
 Pure: `forward` returns everything a caller may need (tokens, keypoint coordinates, heat maps);
 nothing is kept on the module between calls.
 """
@@ -15,6 +18,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from vla.model.config import ModelConfig, TokenLayout
+from vla.vision_encoder import VisionEncoder
 
 
 @dataclass
@@ -48,8 +52,20 @@ class PatchEmbed(nn.Module):
         p, d, g, size = cfg.patch_size, cfg.d_model, layout.grid, layout.spec.image_size
         self.supervised_keypoints = layout.spec.aux_dim > 0
         # the instruction's FiLM layers: the stem's (conv), the keypoint net's and its queries (with keypoints)
-        self.film = self.kp_film = self.kp_query = None
-        if cfg.patch_embed == "linear":
+        self.film = self.kp_film = self.kp_query = self.encoder = None
+        if cfg.vision_encoder:
+            # A pretrained image model in the stem's place: its last feature map, pooled to the patch grid, is
+            # projected to d by a trained linear map. It takes no FiLM: the instruction reaches the patches
+            # through attention (and the keypoints through their own FiLM).
+            self.encoder = VisionEncoder(
+                cfg.vision_encoder, size, cfg.vision_encoder_trainable, layout.spec.vision_fingerprint or None
+            )
+            self.proj = nn.Linear(self.encoder.channels, d, bias=cfg.bias)
+        elif layout.spec.vision_fingerprint:
+            raise ValueError(
+                f"data spec vision_fingerprint={layout.spec.vision_fingerprint!r} needs model.vision_encoder"
+            )
+        elif cfg.patch_embed == "linear":
             self.proj = nn.Linear(p * p * 3, d, bias=cfg.bias)
         else:
             # A small convolutional stem ("early convolutions help transformers see", Xiao et al. 2021):
@@ -134,12 +150,13 @@ class PatchEmbed(nn.Module):
 
     def _split_condition(self, cond: torch.Tensor | None) -> tuple[list, list, torch.Tensor | None]:
         """(B, F) from `condition` -> the stem's FiLM per hidden stage, the keypoint net's, and the queries."""
-        n_stem = len(self.proj) - 1 if self.cfg.patch_embed == "conv" else 0
+        n_stem = len(self.proj) - 1 if self.cfg.patch_embed == "conv" and self.encoder is None else 0
         n_kp = len(self.kp_convs) - 1 if self.cfg.keypoints else 0
         if cond is None:
             return [None] * n_stem, [None] * n_kp, None
         parts = list(cond.split([layer.out_features for layer in self._conditioned()], dim=1))
-        # FiLM implies the conv stem, and the keypoint net's FiLM and queries come with keypoints
+        # FiLM conditions every hidden stage of a conv stem, and the keypoint net's FiLM and queries come with
+        # keypoints
         return parts[:n_stem], parts[n_stem : n_stem + n_kp], parts[-1] if n_kp else None
 
     def keypoints(self, x: torch.Tensor, films: list, query: torch.Tensor | None):
@@ -168,6 +185,11 @@ class PatchEmbed(nn.Module):
     def patches(self, x: torch.Tensor, pix: torch.Tensor | None, films: list) -> torch.Tensor:
         """Patch features: x (B, T, C, H, W, 3) in [-0.5, 0.5], pix (B*T*C, 5, H, W) -> (B, T, C, g*g, d)."""
         B, T, p = x.shape[0], x.shape[1], self.cfg.patch_size
+        if self.encoder is not None:
+            features = self.encoder(pix[:, :3] + 0.5)  # (B*T*C, C_enc, h, w) from pixels in [0, 1]
+            features = F.adaptive_avg_pool2d(features, self.layout.grid)  # (B*T*C, C_enc, g, g)
+            features = rearrange(features, "(b t c) e h w -> b t c (h w) e", b=B, t=T)  # (B, T, C, g*g, C_enc)
+            return self.proj(features.to(self.proj.weight.dtype))  # (B, T, C, g*g, d)
         if self.cfg.patch_embed == "linear":
             x = rearrange(x, "b t c (h p1) (w p2) ch -> b t c (h w) (p1 p2 ch)", p1=p, p2=p)  # (B, T, C, g*g, p*p*3)
             return self.proj(x)  # (B, T, C, g*g, d)
