@@ -132,7 +132,11 @@ class ActionTransformer(nn.Module):
         # coordinates (and the proprio) through a small MLP, so the signal reaches the keypoint network
         # directly. Not a linear map: from a front camera a lifted block's image row mixes its depth with
         # its height, and only the proprio (gripper closed, hand raised) tells which.
+        # It also reads the instruction's conditioning (what each keypoint was asked to look for): which of
+        # the things the keypoints found the hand will grasp, or release at, depends on the task and colours.
         aux_in = 2 * spec.n_cameras * cfg.keypoints + spec.proprio_dim if cfg.keypoints else d
+        if cfg.keypoints and cfg.film:
+            aux_in += sum(layer.out_features for layer in self.patch_embed._conditioned())
         self.aux_head = None
         if spec.aux_dim:
             self.aux_head = nn.Sequential(nn.Linear(aux_in, d), nn.GELU(), nn.Linear(d, spec.aux_dim))
@@ -237,8 +241,10 @@ class ActionTransformer(nn.Module):
         vision = self.patch_embed(image, context)  # (B, T, C*(g*g + M), d) with positions
         aux_pred = None
         if self.aux_head is not None and self.cfg.keypoints:
-            feats = torch.cat([vision.where.reshape(B, T, -1), proprio.to(vision.where.dtype)], -1)  # (B, T, 2CM + P)
-            aux_pred = self.aux_head(feats)  # (B, T, aux_dim)
+            feats = [vision.where.reshape(B, T, -1), proprio.to(vision.where.dtype)]  # (B, T, 2CM), (B, T, P)
+            if context is not None:
+                feats.append(context[:, None].expand(B, T, -1).to(vision.where.dtype))  # (B, T, F)
+            aux_pred = self.aux_head(torch.cat(feats, -1))  # (B, T, 2CM + P [+ F]) -> (B, T, aux_dim)
         prop = self.proprio_embed(proprio.to(vision.tokens.dtype))  # (B, T, d)
         if self.aux_embed is not None:  # given, not trained through: the prediction learns from its target
             prop = prop + self.aux_embed(aux_pred.detach())
