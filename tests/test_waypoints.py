@@ -25,11 +25,12 @@ def test_waypoints_are_the_hand_at_the_next_grasp_release_and_end():
     np.testing.assert_array_equal(got[:, 0], [3, 3, 3, 3, 4, 5, 8, 8, 8, 9])  # next grasp; holding: the hand now
     np.testing.assert_array_equal(got[:, 1], [6, 6, 6, 6, 6, 6, 9, 9, 9, 9])  # next release; none left: the end
     np.testing.assert_array_equal(got[:, 2], [9] * 10)  # the last step
+    np.testing.assert_array_equal(got[:, 3], [8, 9, 9, 9, 9, 9, 9, 9, 9, 9])  # HORIZON (8) steps ahead
 
 
 def test_a_demo_without_grasps_points_at_its_end():
     hand = np.random.default_rng(0).normal(size=(7, 3)).astype(np.float32)
-    offsets = waypoint_targets(hand, np.zeros(7, bool)).reshape(7, N_WAYPOINTS, 3)
+    offsets = waypoint_targets(hand, np.zeros(7, bool)).reshape(7, N_WAYPOINTS, 3)[:, :3]
     np.testing.assert_allclose(offsets, np.broadcast_to((hand[-1] - hand)[:, None], (7, 3, 3)), atol=1e-6)
     always_closed = waypoint_targets(hand, np.ones(7, bool)).reshape(7, N_WAYPOINTS, 3)
     np.testing.assert_array_equal(always_closed[:, 0], 0.0)  # a push: the thing is at the hand
@@ -53,7 +54,7 @@ def test_dataset_waypoints_match_the_recorded_grasp(tiny_dataset, tokenizers):
         closed = demo["actions"][()][:, 3] > 0  # the actions the dataset reads
     grasp = int(np.argmax(closed))
     first = int(np.flatnonzero(ds.index[:, 0] == d)[0])  # the demo's first window
-    target = ds[first]["aux"][0].numpy().reshape(N_WAYPOINTS, 3)
+    target = (ds[first]["aux"][0].numpy() * ds.waypoint_spread).reshape(N_WAYPOINTS, 3)  # undo the scaling
     norm = tokenizers.proprio
     hand_at_grasp = target[0] * norm.std[:3] + proprio[0, :3]  # back to metres
     np.testing.assert_allclose(hand_at_grasp, proprio[grasp, :3], atol=1e-5)

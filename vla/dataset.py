@@ -27,7 +27,7 @@ from vla.sources import EpisodeSource, open_source
 from vla.text_encoder import KIND as ENCODER_KIND
 from vla.text_encoder import EncoderTokenizer
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
-from vla.waypoints import gripper_closed, waypoint_targets
+from vla.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
 
 
 @dataclass
@@ -177,6 +177,12 @@ class WindowDataset(Dataset):
             self.proprio.append(self.tok.proprio.normalize(demo.proprio).astype(np.float32))
             self.instruction_texts.append(demo.instruction)
             self.instructions.append(self._encode(demo.instruction))
+        self.waypoint_spread = None  # (n,) what the waypoint targets were divided by
+        if waypoints:  # each waypoint coordinate to unit spread over the split: none dominates the loss
+            n = N_WAYPOINTS * (len(self.waypoint_dims) or self.proprio[0].shape[1])
+            self.waypoint_spread = np.concatenate([a[:, -n:] for a in self.aux]).std(0) + 1e-3  # (n,)
+            for a in self.aux:
+                a[:, -n:] /= self.waypoint_spread
         self.images = [self._read_frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]

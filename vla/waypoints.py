@@ -7,7 +7,9 @@ done. So for each step t the targets are the proprio at three moments, relative 
 - the next grasp: the first step >= t where the gripper command turns to closed (while it is closed, the
   held thing is at the hand: the proprio at t itself, a zero offset);
 - the next release: the first step > t where the command turns to open;
-- the demonstration's last step.
+- the demonstration's last step;
+- the step `HORIZON` steps ahead (or the last): where the hand is heading, which on a push passes the thing
+  pushed, a thing no grasp marks.
 
 A moment the rest of the demonstration does not hold falls back to the last step (a reach, a push with a
 closed gripper). Offsets are in the proprio normalizer's units, every proprio dimension (a joint-space robot
@@ -19,7 +21,8 @@ from __future__ import annotations
 
 import numpy as np
 
-N_WAYPOINTS = 3  # next grasp, next release, last step
+N_WAYPOINTS = 4  # next grasp, next release, last step, HORIZON steps ahead
+HORIZON = 8  # steps
 
 
 def gripper_closed(actions: np.ndarray, dim: int, low: float, high: float) -> np.ndarray:
@@ -28,8 +31,8 @@ def gripper_closed(actions: np.ndarray, dim: int, low: float, high: float) -> np
 
 
 def waypoint_targets(proprio: np.ndarray, closed: np.ndarray) -> np.ndarray:
-    """proprio (T, P) normalized, closed (T,) bool -> (T, 3 * P) float32: the proprio at the next grasp,
-    the next release and the last step, each minus the proprio at t."""
+    """proprio (T, P) normalized, closed (T,) bool -> (T, 4 * P) float32: the proprio at the next grasp,
+    the next release, the last step and HORIZON steps ahead, each minus the proprio at t."""
     T = len(proprio)
     last = T - 1
     turns_closed = np.flatnonzero(closed[1:] & ~closed[:-1]) + 1  # steps where the command closes
@@ -38,9 +41,10 @@ def waypoint_targets(proprio: np.ndarray, closed: np.ndarray) -> np.ndarray:
     grasp = _next_at_or_after(turns_closed, steps, last)
     grasp = np.where(closed, steps, grasp)  # holding: the thing is at the hand now
     release = _next_at_or_after(turns_open, steps + 1, last)
-    waypoints = np.stack([grasp, release, np.full(T, last)], axis=1)  # (T, 3) step indices
-    offsets = proprio[waypoints] - proprio[:, None, :]  # (T, 3, P)
-    return offsets.reshape(T, -1).astype(np.float32)  # (T, 3 * P)
+    ahead = np.minimum(steps + HORIZON, last)
+    waypoints = np.stack([grasp, release, np.full(T, last), ahead], axis=1)  # (T, 4) step indices
+    offsets = proprio[waypoints] - proprio[:, None, :]  # (T, 4, P)
+    return offsets.reshape(T, -1).astype(np.float32)  # (T, 4 * P)
 
 
 def _next_at_or_after(events: np.ndarray, steps: np.ndarray, fallback: int) -> np.ndarray:
