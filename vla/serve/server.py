@@ -12,13 +12,11 @@ set, a handshake without the header `Authorization: Api-Key TOKEN` (what openpi-
 connection is closed with code 1008; a failure of the server itself, the same with code 1011 (and the
 traceback in the server's log). Either way the other connections carry on.
 
-Why no batching across connections: `vla-bench serve` measures its upper bound (B one-row steps against one
-B-row step in lockstep), 1.4x at B = 2 to 2.1x at B = 8 for the demo-size model in torch on 2 CPU cores. It is
-not taken: a batched row's logits differ from the one-row step's (by ~5e-7), so a robot's actions would no
-longer equal the in-process policy's; connections sit at different ring slots of their KV caches, which one
-batched step cannot write (the model steps a batch in lockstep); and the onnxruntime backend (one row per
-step graph), the one to serve from a CPU, already carries more robots unbatched than that upper bound gives
-torch (docs/benchmarks.md, "Serving on loopback").
+Why no batching across connections: `vla-bench serve` measures what it could give (docs/benchmarks.md,
+"Serving on loopback"), and it is not taken: a batched row's logits differ from the one-row step's in the
+last float bits, so a robot's actions would no longer equal the in-process policy's; connections sit at
+different ring slots of their KV caches, which one batched step cannot write; and the onnxruntime backend, the
+one to serve from a CPU, already carries more robots unbatched than batching gives torch.
 """
 
 from __future__ import annotations
