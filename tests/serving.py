@@ -15,16 +15,9 @@ import urllib.request
 
 import numpy as np
 
+from vla.bench.serve import random_observations
 
-def observations(spec, seed: int, n: int) -> list[dict]:
-    """n observations of the policy's shapes (random pixels and state), the same for the same seed."""
-    rng = np.random.default_rng(seed)
-    size, cams = spec.image_size, ["image", "wrist_image"][: spec.n_cameras]
-    return [
-        {**{k: rng.integers(0, 256, (size, size, 3), dtype=np.uint8) for k in cams},
-         "proprio": rng.normal(size=spec.proprio_dim).astype(np.float32)}
-        for _ in range(n)
-    ]  # fmt: skip
+observations = random_observations  # the bench's observations: one generator for both
 
 
 def in_process_chunks(policy, instruction: str, obs: list[dict], **overrides) -> list[np.ndarray]:

@@ -49,5 +49,5 @@ def waypoint_targets(proprio: np.ndarray, closed: np.ndarray) -> np.ndarray:
 
 def _next_at_or_after(events: np.ndarray, steps: np.ndarray, fallback: int) -> np.ndarray:
     """For each of `steps`, the first of the sorted `events` >= it, or `fallback` when none is left."""
-    i = np.searchsorted(events, steps, side="left")
-    return np.where(i < len(events), events[np.minimum(i, len(events) - 1)] if len(events) else fallback, fallback)
+    padded = np.append(events, fallback)  # searchsorted past the last event lands on the fallback
+    return padded[np.searchsorted(events, steps, side="left")]

@@ -76,7 +76,8 @@ def _stats(seconds: list[float]) -> dict:
             "n": len(ms)}  # fmt: skip
 
 
-def _observations(spec, seed: int, n: int = 16) -> list[dict]:
+def random_observations(spec, seed: int, n: int = 16) -> list[dict]:
+    """n observations of the policy's shapes (random pixels and state), the same for the same seed."""
     rng = np.random.default_rng(seed)
     size, cams = spec.image_size, ["image", "wrist_image"][: spec.n_cameras]
     return [
@@ -244,7 +245,7 @@ def run(args) -> dict:
     except PolicyLoadError as e:
         raise UserError(str(e)) from None
     load = os.getloadavg()[0]
-    obs = _observations(policy.spec, args.seed)
+    obs = random_observations(policy.spec, args.seed)
     local = policy.fork()
     result = {"checkpoint": str(args.checkpoint), "backend": args.backend, "threads": args.threads, "hz": args.hz,
               "budget_ms": args.budget_ms or 1e3 / args.hz, "steps": args.steps, "seconds": args.seconds,
