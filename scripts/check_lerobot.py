@@ -48,7 +48,7 @@ def vla(py: str, *args: str) -> subprocess.CompletedProcess:
 
 DUMP = """
 import sys, numpy as np
-from vla.sources import open_source
+from vla.data.sources import open_source
 src = open_source(sys.argv[1])
 out = {}
 for i, name in enumerate(src.names("")):
@@ -86,7 +86,7 @@ def load(repo_id: str, root: Path):
 def check_export(py: str, data: Path, work: Path, codec: str) -> dict:
     out = work / f"export_{codec}"
     shutil.rmtree(out, ignore_errors=True)
-    r = vla(py, "vla.data_cli", "convert", str(data), str(out), "--codec", codec, "--json", "--quiet")
+    r = vla(py, "vla.cli.data", "convert", str(data), str(out), "--codec", codec, "--json", "--quiet")
     conv = json.loads(r.stdout)
     print(f"\n(a) export with {codec}: {conv['episodes']} episodes, {conv['frames']} frames, "
           f"{conv['frames_per_s']:.0f} frames/s")  # fmt: skip
@@ -151,11 +151,11 @@ def check_import(py: str, work: Path, steps: int) -> dict:
         originals.append({"frames": frames, "state": state, "action": action, "task": task})
     ds.finalize()
     print(f"\n(b) LeRobot's writer made {root}: {ds.num_episodes} episodes, {ds.num_frames} frames")
-    r = vla(py, "vla.data_cli", "validate", str(root))
+    r = vla(py, "vla.cli.data", "validate", str(root))
     check("steps, lerobot layout)" in r.stdout, f"vla-data validate: {r.stdout.strip()}")
     h5 = work / "lerobot_written.hdf5"
     h5.unlink(missing_ok=True)
-    r = vla(py, "vla.data_cli", "convert", str(root), str(h5), "--json", "--quiet")
+    r = vla(py, "vla.cli.data", "convert", str(root), str(h5), "--json", "--quiet")
     conv = json.loads(r.stdout)
     speed = f"{conv['frames']} frames, {conv['frames_per_s']:.0f} frames/s"
     check(conv["episodes"] == 6, f"vla-data convert -> HDF5: {speed}")
@@ -170,7 +170,7 @@ def check_import(py: str, work: Path, steps: int) -> dict:
     for name, data in (("lerobot_dir", root), ("converted_hdf5", h5)):
         out = work / f"train_{name}"
         shutil.rmtree(out, ignore_errors=True)
-        vla(py, "vla.train", "--config", "configs/tiny.yaml", "--data", str(data), "--out", str(out),
+        vla(py, "vla.training.train", "--config", "configs/tiny.yaml", "--data", str(data), "--out", str(out),
             f"train.steps={steps}", "train.threads=1", "train.log_every=5", "data.valid_fraction=0.34")  # fmt: skip
         metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
         losses[name] = {
@@ -201,7 +201,7 @@ def main() -> int:
     if data is None:
         data = work / "small.hdf5"
         if not data.exists():
-            vla(args.vla_python, "vla.collect", "--tasks", "all", "--episodes-per-task", "2", "--workers", "1",
+            vla(args.vla_python, "vla.data.collect", "--tasks", "all", "--episodes-per-task", "2", "--workers", "1",
                 "--out", str(data), "--seed", "0", "--quiet")  # fmt: skip
     report = {"lerobot": lerobot.__version__, "export": [check_export(args.vla_python, data, work, c)
                                                          for c in args.codecs.split(",")]}  # fmt: skip

@@ -19,7 +19,7 @@ import numpy as np
 import torch
 
 from vla.model import ActionTransformer
-from vla.train import batches, build_optimizer, load_config, prepare_data, setup_processes, total_loss
+from vla.training.train import batches, build_optimizer, load_config, prepare_data, setup_processes, total_loss
 
 
 def measure(model: ActionTransformer, batch: dict, targets: torch.Tensor) -> dict:

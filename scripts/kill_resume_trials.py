@@ -25,8 +25,19 @@ from pathlib import Path
 
 def train_cmd(data: str, out: Path, config: str, overrides: list[str], resume: bool) -> list[str]:
     if resume:
-        return [sys.executable, "-m", "vla.train", "--out", str(out), "--resume"]
-    return [sys.executable, "-m", "vla.train", "--config", config, "--data", data, "--out", str(out), *overrides]
+        return [sys.executable, "-m", "vla.training.train", "--out", str(out), "--resume"]
+    return [
+        sys.executable,
+        "-m",
+        "vla.training.train",
+        "--config",
+        config,
+        "--data",
+        data,
+        "--out",
+        str(out),
+        *overrides,
+    ]
 
 
 def finish(out: Path) -> dict:

@@ -22,7 +22,15 @@ import h5py
 import numpy as np
 
 from envs.metaworld import PIXELS_PREFIX, PREFIX
-from vla.hdf5_format import DatasetError, demo_names, open_dataset, read_env_args, set_str_attr, tmp_name, write_dataset
+from vla.data.hdf5_format import (
+    DatasetError,
+    demo_names,
+    open_dataset,
+    read_env_args,
+    set_str_attr,
+    tmp_name,
+    write_dataset,
+)
 
 ROBOT_DIMS = 4  # hand xyz, gripper opening: what the proprio keeps
 

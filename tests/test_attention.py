@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from vla.attention import first_action_attention
-from vla.evaluate import main as eval_main
-from vla.policy import load_policy
+from vla.evaluation.attention import first_action_attention
+from vla.evaluation.evaluate import main as eval_main
+from vla.policy.torch_policy import load_policy
 
 
 @pytest.fixture(scope="module")
@@ -55,10 +55,10 @@ def test_keypoint_heat_maps_are_drawn_for_keypoint_models(tmp_path):
     import torch
 
     import envs  # noqa: F401
-    from vla.attention import plot_attention
-    from vla.dataset import Tokenizers
+    from vla.data.windows import Tokenizers
+    from vla.evaluation.attention import plot_attention
     from vla.model import ActionTransformer, DataSpec, ModelConfig
-    from vla.policy import Policy
+    from vla.policy.torch_policy import Policy
     from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 
     torch.manual_seed(0)

@@ -9,7 +9,7 @@ import pytest
 import torch
 
 from vla.bench import SUBCOMMANDS, main
-from vla.hdf5_format import demo_meta, demo_names, open_dataset
+from vla.data.hdf5_format import demo_meta, demo_names, open_dataset
 
 
 @pytest.fixture(autouse=True)
@@ -41,8 +41,8 @@ def test_train_tiny(tmp_path, capsys):
     from vla.bench.latency import TABLETOP
     from vla.config import from_dict, load_yaml
     from vla.model import TokenLayout
-    from vla.model_card import model_card
-    from vla.train_config import TrainConfig
+    from vla.model.card import model_card
+    from vla.training.config import TrainConfig
 
     r, md = bench(capsys, tmp_path, "train", "--config", "configs/tiny.yaml", "--steps", "2", "--warmup", "1",
                   "--batch-size", "2", "--threads", "1", "--peak-seconds", "0.05")  # fmt: skip

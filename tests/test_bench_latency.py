@@ -96,7 +96,7 @@ def test_the_demo_config_builds_in_both_benchmarks():
     from vla.bench.train import measure_ours
     from vla.config import from_dict, load_yaml
     from vla.model import ActionTransformer, ModelConfig
-    from vla.train_config import TrainConfig
+    from vla.training.config import TrainConfig
 
     cfg = build_config(Namespace(config="configs/demo.yaml", window=None, overrides=[]))
     assert cfg == ModelConfig()
@@ -111,7 +111,7 @@ def test_latency_backends_and_flop_limit_columns(tmp_path):
     from argparse import Namespace
 
     from vla.bench.latency import TABLETOP, build_config
-    from vla.model_card import model_card
+    from vla.model.card import model_card
 
     out = tmp_path / "lat.json"
     argv = ["latency", "--json", str(out), "--decoding", "parallel", *ARGS, *TINY]

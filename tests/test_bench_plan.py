@@ -10,7 +10,7 @@ import torch
 from vla.bench import main
 from vla.bench.latency import TABLETOP
 from vla.bench.plan import candidates
-from vla.model_card import model_card
+from vla.model.card import model_card
 
 GRID = ["--window", "2", "--chunk", "1", "--width", "32,64", "--depth", "1", "--steps", "3", "--image-size", "32",
         "--peak-seconds", "0.05"]  # fmt: skip

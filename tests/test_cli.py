@@ -1,4 +1,4 @@
-"""One CLI error convention (vla.cli): a user error is one line on stderr and exit 2; a bug keeps its traceback."""
+"""One CLI error convention (vla/cli/common.py): a user error is one line and exit 2; a bug keeps its traceback."""
 
 from __future__ import annotations
 
@@ -10,12 +10,15 @@ import h5py
 import pytest
 
 import envs
-from vla import cli, data_cli, deploy, evaluate
 from vla.checkpoint import CheckpointError
-from vla.collect import main as collect_main
+from vla.cli import common as cli
+from vla.cli import data as data_cli
 from vla.config import ConfigError
+from vla.control import deploy
+from vla.data.collect import main as collect_main
+from vla.data.hdf5_format import DatasetError
 from vla.errors import UserError
-from vla.hdf5_format import DatasetError
+from vla.evaluation import evaluate
 
 
 def raising(exc: BaseException):
@@ -73,25 +76,25 @@ def test_device_flag_is_checked_up_front():
 
 
 def test_vla_eval_bug_propagates(monkeypatch, tmp_path):
-    import vla.policy
+    import vla.policy.torch_policy
 
-    monkeypatch.setattr(vla.policy, "load_policy", raising(KeyError("a bug, not bad input")))
+    monkeypatch.setattr(vla.policy.torch_policy, "load_policy", raising(KeyError("a bug, not bad input")))
     with pytest.raises(KeyError, match="a bug"):
         evaluate.main(["--checkpoint", str(tmp_path), "--episodes-per-task", "1"])
 
 
 def test_vla_deploy_bug_propagates(monkeypatch, tmp_path):
-    import vla.policy
+    import vla.policy.torch_policy
 
-    monkeypatch.setattr(vla.policy, "load_policy", raising(ValueError("a bug, not bad input")))
+    monkeypatch.setattr(vla.policy.torch_policy, "load_policy", raising(ValueError("a bug, not bad input")))
     with pytest.raises(ValueError, match="a bug"):
         deploy.main(["--checkpoint", str(tmp_path), "--task", "reach", "--json", str(tmp_path / "d.json")])
 
 
 def test_vla_collect_bug_propagates(monkeypatch, tmp_path):
-    import vla.collect
+    import vla.data.collect
 
-    monkeypatch.setattr(vla.collect.Collector, "run", raising(OSError("a bug")))
+    monkeypatch.setattr(vla.data.collect.Collector, "run", raising(OSError("a bug")))
     with pytest.raises(OSError, match="a bug"):
         collect_main(["--tasks", "reach", "--episodes-per-task", "1", "--out", str(tmp_path / "a.hdf5")])
 

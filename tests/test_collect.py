@@ -14,8 +14,8 @@ import h5py
 import numpy as np
 import pytest
 
-from vla.collect import main as collect_main
-from vla.hdf5_format import (
+from vla.data.collect import main as collect_main
+from vla.data.hdf5_format import (
     DatasetError,
     Episode,
     ObsKeys,
@@ -28,7 +28,7 @@ from vla.hdf5_format import (
     split_masks,
     write_dataset,
 )
-from vla.validate import validate
+from vla.data.validate import validate
 
 REACH, PUSH, STACK = "tabletop/Reach-v0", "tabletop/Push-v0", "tabletop/Stack-v0"
 
@@ -185,7 +185,7 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     out = tmp_path / "k.hdf5"
     parts = Path(f"{out}.parts")
     n = 10
-    cmd = [sys.executable, "-m", "vla.collect", "--tasks", f"{REACH},{PUSH}", "--episodes-per-task", str(n)]
+    cmd = [sys.executable, "-m", "vla.data.collect", "--tasks", f"{REACH},{PUSH}", "--episodes-per-task", str(n)]
     cmd += ["--workers", "2", "--out", str(out), "--quiet", "--merge-every", "0.2"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:
@@ -307,7 +307,7 @@ def test_a_driver_policy_acts_and_the_expert_labels_what_it_visits(tiny_checkpoi
     import gymnasium as gym
 
     import envs
-    from vla.policy import load_policy
+    from vla.policy.torch_policy import load_policy
 
     out = tmp_path / "dagger.hdf5"
     argv = ["--tasks", PUSH, "--episodes-per-task", "2", "--driver", str(tiny_checkpoint), "--out", str(out)]

@@ -75,7 +75,7 @@ def test_every_preset_parses_and_builds_its_model(preset):
     """configs/*.yaml and configs/ablations/*.yaml: each loads (no unknown keys), its model builds with
     our tasks' data sizes, and each ablation differs from the defaults in the knob it names."""
     from vla.model import ActionTransformer, DataSpec
-    from vla.train_config import TrainConfig, load_config
+    from vla.training.config import TrainConfig, load_config
 
     cfg = load_config(preset, [])
     spec = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=50, aux_dim=6 if cfg.data.aux_key else 0)
@@ -86,7 +86,7 @@ def test_every_preset_parses_and_builds_its_model(preset):
 
 
 def test_the_demo_preset_is_the_defaults_but_for_its_budget():
-    from vla.train_config import TrainConfig, load_config
+    from vla.training.config import TrainConfig, load_config
 
     demo, defaults = load_config("configs/demo.yaml", []), TrainConfig()
     assert (demo.model, demo.data, demo.optim, demo.policy) == (
@@ -98,7 +98,7 @@ def test_the_demo_preset_is_the_defaults_but_for_its_budget():
 
 
 def test_data_decided_sizes_are_refused_with_a_reason():
-    from vla.train_config import load_config
+    from vla.training.config import load_config
 
     for key in ("image_size", "proprio_dim", "action_dim", "vocab_size", "aux_dim"):
         with pytest.raises(ConfigError, match=f"'model.{key}' is decided by the data"):

@@ -14,9 +14,9 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401 - registers the tasks
-from vla import deploy
-from vla.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
-from vla.robot import Robot, SimRobot
+from vla.control import deploy
+from vla.control.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
+from vla.control.robot import Robot, SimRobot
 
 # ------------------------------------------------------------------------------------- virtual time
 
@@ -350,7 +350,7 @@ def test_delay_aware_in_wall_clock_commits_what_executes_during_the_inference(cl
 
 
 def test_a_strategy_refuses_a_policy_that_ensembles_or_replans_itself(clock, tiny_checkpoint):
-    from vla.policy import load_policy
+    from vla.policy.torch_policy import load_policy
 
     policy = load_policy(tiny_checkpoint, device="cpu")  # temporal_ensemble=True as saved
     robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0, clock=clock)

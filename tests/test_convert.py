@@ -9,9 +9,9 @@ import pytest
 
 from tests.conftest import run_main
 from tests.foreign_files import write_robomimic
-from vla.convert import convert
-from vla.sources import open_source
-from vla.validate import validate
+from vla.data.convert import convert
+from vla.data.sources import open_source
+from vla.data.validate import validate
 
 # One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("convert")
@@ -72,15 +72,15 @@ def test_round_trip_default_codec_within_codec_error(tiny_dataset, tmp_path):
 
 def test_cli_convert_reports_speed_and_refuses_to_overwrite(tiny_dataset, lossless, tmp_path):
     dst = tmp_path / "cli_lr"
-    r = run_main("vla.data_cli", "convert", tiny_dataset, dst, "--codec", "h264", "--json", "--quiet")
+    r = run_main("vla.cli.data", "convert", tiny_dataset, dst, "--codec", "h264", "--json", "--quiet")
     assert r.returncode == 0, r.stderr
     out = json.loads(r.stdout)
     with open_source(tiny_dataset) as src:
         assert out["frames"] == sum(src.meta(n)["num_samples"] for n in src.names(""))
     assert out["frames_per_s"] > 0 and out["codec"] == "h264" and out["fps"] == 20
-    r = run_main("vla.data_cli", "convert", tiny_dataset, dst, "--quiet")
+    r = run_main("vla.cli.data", "convert", tiny_dataset, dst, "--quiet")
     assert r.returncode == 2 and "already exists; pass --force" in r.stderr
-    r = run_main("vla.data_cli", "validate", dst)
+    r = run_main("vla.cli.data", "validate", dst)
     assert r.returncode == 0 and "steps, lerobot layout)" in r.stdout
 
 
@@ -107,13 +107,13 @@ def test_corrupt_lerobot_input(lossless, tmp_path, damage, message):
         (src / "meta/info.json").write_text(json.dumps(info))
     before = _digest(src)
     dst = tmp_path / "out.hdf5"
-    r = run_main("vla.data_cli", "convert", src, dst, "--quiet")
+    r = run_main("vla.cli.data", "convert", src, dst, "--quiet")
     assert r.returncode == 2
     lines = r.stderr.strip().splitlines()
     assert len(lines) == 1 and message in lines[0], r.stderr
     assert _digest(src) == before  # the source is only read
     assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]  # no partial output either
-    r = run_main("vla.data_cli", "validate", src)
+    r = run_main("vla.cli.data", "validate", src)
     assert r.returncode == 1 and message in r.stdout
 
 
@@ -121,7 +121,7 @@ def test_truncated_hdf5_input(tiny_dataset, tmp_path):
     src = tmp_path / "cut.hdf5"
     src.write_bytes(tiny_dataset.read_bytes()[: tiny_dataset.stat().st_size // 2])
     before = _digest(src)
-    r = run_main("vla.data_cli", "convert", src, tmp_path / "out", "--quiet")
+    r = run_main("vla.cli.data", "convert", src, tmp_path / "out", "--quiet")
     assert r.returncode == 2 and len(r.stderr.strip().splitlines()) == 1, r.stderr
     assert _digest(src) == before and sorted(p.name for p in tmp_path.iterdir()) == ["cut.hdf5"]
 
@@ -144,7 +144,7 @@ def test_robomimic_to_lerobot_keeps_both_cameras(tmp_path):
 
 
 def _train(data, out, *extra):
-    return run_main("vla.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
+    return run_main("vla.training.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
                     "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 
@@ -193,7 +193,7 @@ def test_expert_actions_travel_both_ways(tiny_dataset, tmp_path):
 
 
 def test_convert_help(capsys):
-    from vla.data_cli import main
+    from vla.cli.data import main
 
     with pytest.raises(SystemExit) as e:
         main(["convert", "--help"])

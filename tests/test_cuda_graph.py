@@ -3,8 +3,8 @@
 import pytest
 import torch
 
-from vla.cuda_graph import CapturedStep
 from vla.model import ActionTransformer, DataSpec, ModelConfig
+from vla.model.cuda_graph import CapturedStep
 
 pytestmark = pytest.mark.gpu
 

@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from vla.collect import main as collect_main
-from vla.data_cli import main
+from vla.cli.data import main
+from vla.data.collect import main as collect_main
 
 # One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("data_cli")

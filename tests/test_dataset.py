@@ -4,9 +4,9 @@ import numpy as np
 import pytest
 import torch
 
-from vla.augment import random_shift
-from vla.dataset import EpochSampler, WindowDataset, fit_tokenizers
-from vla.hdf5_format import ObsKeys, open_dataset, read_demo
+from vla.data.hdf5_format import ObsKeys, open_dataset, read_demo
+from vla.data.windows import EpochSampler, WindowDataset, fit_tokenizers
+from vla.training.augment import random_shift
 
 
 @pytest.fixture(scope="module")

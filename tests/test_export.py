@@ -11,11 +11,11 @@ import torch
 
 import envs
 from tests.conftest import run_cli, run_main
-from vla.export import ExportError, MaskGraph, PrefixGraph, StepGraph, export_policy, parity
+from vla.export.graphs import ExportError, MaskGraph, PrefixGraph, StepGraph, export_policy, parity
 from vla.model import ActionTransformer, DataSpec, ModelConfig
-from vla.onnx_policy import load_onnx_policy
-from vla.policy import Policy, load_policy
-from vla.policy_config import PolicyConfig
+from vla.policy.config import PolicyConfig
+from vla.policy.onnx_policy import load_onnx_policy
+from vla.policy.torch_policy import Policy, load_policy
 
 TOL = 1e-4
 
@@ -83,7 +83,9 @@ def cli_export(tiny_checkpoint, tmp_path_factory):
     """vla-export of the tiny checkpoint, run as its own process (the one real run of that console script);
     the tests that use it only read it."""
     out = tmp_path_factory.mktemp("export") / "export"
-    result = run_cli("vla.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
+    result = run_cli(
+        "vla.export.graphs", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8"
+    )
     return result, out
 
 
@@ -124,7 +126,7 @@ def test_demo_architecture_full_rollout_parity(tiny_checkpoint, tmp_path):
 
 
 def test_argmax_readout_and_action_chunks_agree(tiny_checkpoint, tmp_path):
-    """The readout and plan-execution options take the same path as vla.policy.Policy."""
+    """The readout and plan-execution options take the same path as vla.policy.torch_policy.Policy."""
     policy = demo_like(tiny_checkpoint, time_encoding="learned")
     export_policy(policy, tmp_path)
     for options in ({"readout": "argmax"}, {"temporal_ensemble": False, "n_action_steps": 2}):
@@ -182,7 +184,8 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export
     for backend, checkpoint, workers in (("torch", tiny_checkpoint, 1), ("onnxruntime", export, 1),
                                          ("onnxruntime", export, 2), ("onnxruntime-int8", export, 1)):  # fmt: skip
         out = tmp_path / f"eval_{backend}_{workers}.json"
-        r = run_main("vla.evaluate", "--checkpoint", checkpoint, "--episodes-per-task", 2, "--tasks", "reach",
+        r = run_main("vla.evaluation.evaluate",
+                     "--checkpoint", checkpoint, "--episodes-per-task", 2, "--tasks", "reach",
                      "--workers", workers, "--json", out, "--backend", backend)  # fmt: skip
         assert r.returncode == 0, r.stderr
         result = json.loads(out.read_text())
@@ -194,7 +197,7 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export
     assert details["onnxruntime", 2] == details["onnxruntime", 1]
     assert len(details["onnxruntime-int8", 1]) == 2
     report = tmp_path / "deploy.json"
-    r = run_main("vla.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
+    r = run_main("vla.control.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
                  "--backend", "onnxruntime", "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())

@@ -8,10 +8,10 @@ import pytest
 from tests.conftest import run_main
 from tests.foreign_files import LIBERO_INSTRUCTION, write_libero, write_robomimic
 from vla.config import ConfigError
-from vla.hdf5_format import DatasetError
-from vla.sources import detect_layout, open_source
-from vla.train_config import DataConfig, TrainConfig, load_config
-from vla.validate import validate
+from vla.data.hdf5_format import DatasetError
+from vla.data.sources import detect_layout, open_source
+from vla.data.validate import validate
+from vla.training.config import DataConfig, TrainConfig, load_config
 
 
 @pytest.fixture(scope="module")
@@ -68,12 +68,12 @@ def test_foreign_files_validate(robomimic, libero):
 
 
 def test_validate_and_info_cli_take_the_key_mapping(robomimic, libero):
-    r = run_main("vla.data_cli", "validate", robomimic)
+    r = run_main("vla.cli.data", "validate", robomimic)
     assert r.returncode == 0, r.stdout + r.stderr
     assert "valid (4 demos, 48 steps, robomimic layout)" in r.stdout
-    r = run_main("vla.data_cli", "validate", robomimic, "--proprio-keys", "robot0_eef_pos,nope")
+    r = run_main("vla.cli.data", "validate", robomimic, "--proprio-keys", "robot0_eef_pos,nope")
     assert r.returncode == 1 and "has no 'nope'" in r.stdout
-    r = run_main("vla.data_cli", "info", libero, "--json")
+    r = run_main("vla.cli.data", "info", libero, "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
     assert s["layout"] == "libero" and s["shapes"]["image"] == [128, 128, 3] and s["shapes"]["proprio"] == [8]
@@ -89,7 +89,7 @@ def test_empty_split_override_means_all():
 
 
 def _train(data, out, *extra):
-    return run_main("vla.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
+    return run_main("vla.training.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
                     "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 

@@ -6,8 +6,8 @@ import numpy as np
 import pyarrow.parquet as pq
 import pytest
 
-from vla.hdf5_format import DatasetError
-from vla.lerobot_format import (
+from vla.data.hdf5_format import DatasetError
+from vla.data.lerobot_format import (
     LeRobotDir,
     LeRobotEpisode,
     LeRobotWriter,

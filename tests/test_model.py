@@ -9,7 +9,7 @@ import torch
 
 from vla.config import ConfigError, from_dict
 from vla.model import ActionTransformer, DataSpec, ModelConfig
-from vla.model_card import format_model_card, model_card
+from vla.model.card import format_model_card, model_card
 
 # The tiny network of these tests: linear patches, one action per step, autoregressive slots (the
 # hardest decoding path for cache equivalence); tests switch on the rest one feature at a time.

@@ -15,7 +15,7 @@ from torch.utils.flop_counter import FlopCounterMode
 
 from vla.config import from_dict, load_yaml
 from vla.model import ActionTransformer, DataSpec, ModelConfig
-from vla.model_card import model_card
+from vla.model.card import model_card
 
 # The demo's data (vla.bench.latency.TABLETOP) at 32x32 pixels: same structure (conv stem, 16-pixel
 # patches, keypoints at half resolution, auxiliary targets fed into the proprio token), 4x fewer pixels.

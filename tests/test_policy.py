@@ -11,8 +11,8 @@ import envs  # noqa: F401 - registers the tasks
 from vla import load_policy
 from vla.checkpoint import CheckpointError
 from vla.config import ConfigError
-from vla.policy_config import PolicyConfig
-from vla.temporal_ensemble import ensemble_weights
+from vla.policy.config import PolicyConfig
+from vla.policy.ensemble import ensemble_weights
 
 
 @pytest.fixture(scope="module")
@@ -241,8 +241,8 @@ def test_uncached_policy_feeds_past_action_tokens_like_the_cache_under_stream_sc
     import dataclasses
 
     from vla.model import ActionTransformer
-    from vla.policy import Policy
-    from vla.policy_config import PolicyConfig
+    from vla.policy.config import PolicyConfig
+    from vla.policy.torch_policy import Policy
 
     base = load_policy(tiny_checkpoint)
     cfg = dataclasses.replace(base.cfg, causal_scope="stream", action_decoding="autoregressive")

@@ -15,10 +15,10 @@ import pytest
 
 from tests.conftest import run_main
 from tests.serving import ServerProcess, in_process_chunks, observations, wait_until
-from vla.controller import ActionGuard, Controller, ControllerConfig
+from vla.control.controller import ActionGuard, Controller, ControllerConfig
 from vla.errors import PolicyUnavailable, UserError
-from vla.policy import load_policy
-from vla.remote import RemoteError, RemotePolicy
+from vla.policy.remote import RemoteError, RemotePolicy
+from vla.policy.torch_policy import load_policy
 from vla.serve.server import PolicyServer, ServerThread
 
 INSTRUCTION = "push the red block to the green target"
@@ -45,7 +45,7 @@ for name in ("torch", "yaml", "h5py", "onnxruntime", "mujoco", "gymnasium", "PIL
     sys.modules[name] = None  # any import of these now fails
 import numpy as np
 from tests.serving import observations
-from vla.remote import RemotePolicy
+from vla.policy.remote import RemotePolicy
 policy = RemotePolicy({server.url!r})
 assert policy.device.type == "remote" and policy.chunk == {policy.chunk}
 policy.reset({INSTRUCTION!r})
@@ -142,7 +142,8 @@ def test_a_server_killed_mid_episode_ends_in_the_safe_stop_and_a_restarted_one_s
         killer = threading.Thread(target=lambda: wait_until(started, 60) and second.kill())
         killer.start()
         report = tmp_path / "deploy.json"
-        r = run_main("vla.deploy", "--server", second.url, "--task", "push", "--seconds", 20, "--strategy", "chunk",
+        r = run_main("vla.control.deploy",
+                     "--server", second.url, "--task", "push", "--seconds", 20, "--strategy", "chunk",
                      "--max-consecutive-misses", 3, "--json", report, "--quiet")  # fmt: skip
         killer.join(60)
     assert r.returncode == 3, r.stderr
@@ -168,7 +169,9 @@ def test_vla_eval_over_the_server_gives_the_in_process_episodes(tiny_checkpoint,
     for where in ("--checkpoint", "--server"):
         source = tiny_checkpoint if where == "--checkpoint" else server.url
         out = tmp_path / f"{where[2:]}.json"
-        r = run_main("vla.evaluate", where, source, "--episodes-per-task", 2, "--tasks", "reach,push", "--json", out)
+        r = run_main(
+            "vla.evaluation.evaluate", where, source, "--episodes-per-task", 2, "--tasks", "reach,push", "--json", out
+        )
         assert r.returncode == 0, r.stderr
         results[where] = json.loads(out.read_text())
     local, remote = results["--checkpoint"], results["--server"]
@@ -186,7 +189,8 @@ def test_the_strategies_run_unchanged_against_the_server(tiny_checkpoint, server
     for where in ("--checkpoint", "--server"):
         source = tiny_checkpoint if where == "--checkpoint" else server.url
         out = tmp_path / f"{where[2:]}.json"
-        r = run_main("vla.evaluate", where, source, "--episodes-per-task", 1, "--tasks", "push", "--json", out,
+        r = run_main("vla.evaluation.evaluate",
+                     where, source, "--episodes-per-task", 1, "--tasks", "push", "--json", out,
                      "--delay-ticks", 2, "--strategy", strategy)  # fmt: skip
         assert r.returncode == 0, r.stderr
         results[where] = json.loads(out.read_text())
@@ -196,7 +200,8 @@ def test_the_strategies_run_unchanged_against_the_server(tiny_checkpoint, server
 
 def test_vla_deploy_over_the_server_and_its_flags(tiny_checkpoint, server, tmp_path):
     report = tmp_path / "deploy.json"
-    r = run_main("vla.deploy", "--server", server.url, "--task", "reach", "--seconds", 1, "--strategy", "ensemble",
+    r = run_main("vla.control.deploy",
+                 "--server", server.url, "--task", "reach", "--seconds", 1, "--strategy", "ensemble",
                  "--json", report, "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())
@@ -208,7 +213,7 @@ def test_vla_deploy_over_the_server_and_its_flags(tiny_checkpoint, server, tmp_p
         ([], "give one of --checkpoint"),
         (["--server", "ws://127.0.0.1:1"], "cannot reach the policy server"),
     ]:
-        r = run_main("vla.deploy", *args, "--task", "reach", "--json", tmp_path / "x.json")
+        r = run_main("vla.control.deploy", *args, "--task", "reach", "--json", tmp_path / "x.json")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
-    r = run_main("vla.evaluate", "--server", server.url, "--attention", tmp_path)
+    r = run_main("vla.evaluation.evaluate", "--server", server.url, "--attention", tmp_path)
     assert r.returncode == 2 and "--attention: with --server the server runs the policy" in r.stderr, r.stderr

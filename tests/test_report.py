@@ -2,7 +2,7 @@
 
 import json
 
-from vla.report import main, summary
+from vla.evaluation.report import main, summary
 
 
 def test_summary_of_a_run_directory(tmp_path):

@@ -25,8 +25,8 @@ from websockets.sync.client import connect
 
 from tests.conftest import run_main
 from tests.serving import ServerProcess, in_process_chunks, observations, stalled_sender, wait_until
-from vla.policy import load_policy
-from vla.remote import RemoteError, RemotePolicy
+from vla.policy.remote import RemoteError, RemotePolicy
+from vla.policy.torch_policy import load_policy
 from vla.serve import wire
 from vla.serve.server import PolicyServer, ServerThread
 
@@ -185,8 +185,8 @@ def test_committed_actions_travel_to_the_policy(server, policy):
 
 def test_the_onnxruntime_backend_serves_each_connection_its_own_episode(tiny_checkpoint, tmp_path):
     """Forked OnnxPolicies share the sessions, not the streaming state; committed actions are refused."""
-    from vla.export import export_policy
-    from vla.onnx_policy import load_onnx_policy
+    from vla.export.graphs import export_policy
+    from vla.policy.onnx_policy import load_onnx_policy
 
     export_policy(load_policy(tiny_checkpoint, device="cpu"), tmp_path / "export")
     onnx = load_onnx_policy(tmp_path / "export", threads=1)

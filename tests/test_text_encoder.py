@@ -23,15 +23,15 @@ import envs  # noqa: F401 - registers the tasks
 from tests.conftest import run_main
 from vla.checkpoint import load_meta
 from vla.config import ConfigError
-from vla.distributed import Distributed
-from vla.export import ExportError, check_exportable
+from vla.data.sources import open_source
+from vla.export.graphs import ExportError, check_exportable
 from vla.model import ActionTransformer
-from vla.policy import load_policy
-from vla.sources import open_source
-from vla.text_encoder import EncoderTokenizer, FrozenTextEncoder, TextEncoderError, fingerprint
-from vla.train import build_optimizer, load_data, resolve_optional_keys, train_step
-from vla.train import main as train_main
-from vla.train_config import load_config
+from vla.model.text_encoder import EncoderTokenizer, FrozenTextEncoder, TextEncoderError, fingerprint
+from vla.policy.torch_policy import load_policy
+from vla.training.config import load_config
+from vla.training.distributed import Distributed
+from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step
+from vla.training.train import main as train_main
 
 TINY = "configs/tiny.yaml"
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -242,7 +242,9 @@ def test_loading_against_a_changed_encoder_is_refused_in_one_line(run, encoder, 
         message = str(e.value)
         assert "\n" not in message and str(encoder.resolve()) in message, message
         assert recorded in message and changed in message, message
-        result = run_main("vla.evaluate", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json")
+        result = run_main(
+            "vla.evaluation.evaluate", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json"
+        )
         err = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(err) == 1 and recorded in err[0] and changed in err[0], result.stderr
         assert not (tmp_path / "e.json").exists()
@@ -284,7 +286,7 @@ def test_resume_with_an_encoder_continues_the_run(run, tmp_path):
 
 def test_the_core_never_imports_transformers_without_a_text_encoder(tiny_checkpoint):
     code = (
-        "import sys; from vla.policy import load_policy; import vla.train; "
+        "import sys; from vla.policy.torch_policy import load_policy; import vla.training.train; "
         f"p = load_policy({str(tiny_checkpoint)!r}, device='cpu'); p.reset('put the red block in the bin'); "
         "assert 'transformers' not in sys.modules, 'transformers was imported'"
     )

@@ -13,10 +13,10 @@ import torch
 
 import envs  # noqa: F401 - registers the tasks
 from vla.checkpoint import load_checkpoint, load_meta
-from vla.policy import load_policy
-from vla.train import main as train_main
-from vla.train_config import OptimConfig
-from vla.weight_average import WeightAverage
+from vla.policy.torch_policy import load_policy
+from vla.training.config import OptimConfig
+from vla.training.train import main as train_main
+from vla.training.weight_average import WeightAverage
 
 TINY = "configs/tiny.yaml"
 
@@ -238,7 +238,7 @@ def _train_main_rank(rank: int, data: str, out: str) -> None:
 
 @pytest.mark.slow
 def test_ddp_two_processes_hold_identical_weights(tiny_dataset, tmp_path):
-    """vla-train's main on two ranks, as `torchrun --nproc-per-node 2 -m vla.train ...` starts it."""
+    """vla-train's main on two ranks, as `torchrun --nproc-per-node 2 -m vla.training.train ...` starts it."""
     out = tmp_path / "ddp"
     _launch_ranks(_train_main_rank, str(tiny_dataset), str(out))
     summary = json.loads((out / "summary.json").read_text())
@@ -249,8 +249,8 @@ def test_ddp_two_processes_hold_identical_weights(tiny_dataset, tmp_path):
 
 def _rank_with_a_nan_loss(rank: int, data: str, out: str) -> None:
     """A DDP rank in which rank 1 alone sees a non-finite loss (its model's forward is patched)."""
-    from vla import train as train_module
     from vla.model import ActionTransformer
+    from vla.training import train as train_module
 
     if rank == 1:
         forward = ActionTransformer.forward
@@ -280,8 +280,8 @@ def test_ddp_a_nonfinite_loss_on_one_rank_stops_every_rank_instead_of_hanging(ti
 def test_a_wrist_camera_is_collected_trained_on_and_evaluated_with(tmp_path):
     """`vla-collect --wrist-camera` records obs/wrist_image; `data.wrist_image_key` trains on both cameras
     (data spec n_cameras 2); evaluation builds the env with the wrist camera the policy reads."""
-    from vla.collect import main as collect_main
-    from vla.evaluate import evaluate
+    from vla.data.collect import main as collect_main
+    from vla.evaluation.evaluate import evaluate
 
     data, out = tmp_path / "wrist.hdf5", tmp_path / "run"
     argv = ["--tasks", "reach", "--episodes-per-task", "2", "--out", str(data), "--wrist-camera", "--quiet"]

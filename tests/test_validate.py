@@ -1,4 +1,4 @@
-"""`vla.validate`: a real collected file passes; each kind of damage is found with its own message."""
+"""`vla.data.validate`: a real collected file passes; each kind of damage is found with its own message."""
 
 from __future__ import annotations
 
@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
-from vla.collect import main as collect_main
-from vla.validate import validate
+from vla.data.collect import main as collect_main
+from vla.data.validate import validate
 
 # One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("validate")

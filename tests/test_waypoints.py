@@ -3,9 +3,9 @@
 import numpy as np
 import pytest
 
-from vla.dataset import WindowDataset, fit_tokenizers
-from vla.hdf5_format import ObsKeys, open_dataset
-from vla.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
+from vla.data.hdf5_format import ObsKeys, open_dataset
+from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
+from vla.data.windows import WindowDataset, fit_tokenizers
 
 
 @pytest.fixture(scope="module")

@@ -14,12 +14,12 @@ def load_policy(checkpoint_dir, device=None, kv_cache=None, backend="torch", **o
     temporal_ensemble, ensemble_coeff, n_action_steps, temperature). backend="onnxruntime" runs the
     graphs `vla-export` wrote (DIR/export/, or DIR itself) without importing torch."""
     if backend == "onnxruntime":
-        from vla.onnx_policy import load_onnx_policy
+        from vla.policy.onnx_policy import load_onnx_policy
 
         if kv_cache is not None:
             overrides["kv_cache"] = kv_cache
         return load_onnx_policy(checkpoint_dir, **overrides)
-    from vla.policy import load_policy as _load
+    from vla.policy.torch_policy import load_policy as _load
 
     return _load(checkpoint_dir, device=device, kv_cache=kv_cache, backend=backend, **overrides)
 

@@ -1,7 +1,7 @@
 """`UserError`: bad input the user can fix (a flag, a path, a file's contents), as opposed to a bug.
 
-The console scripts (`vla.cli.run`) print a user error as one line and exit 2; anything else keeps
-its traceback. Raise a subclass of it (or one of the types `vla.cli.user_errors` lists) at the
+The console scripts (`vla.cli.common.run`) print a user error as one line and exit 2; anything else keeps
+its traceback. Raise a subclass of it (or one of the types `vla.cli.common.user_errors` lists) at the
 point where user input is found wrong, with a message that says what and where.
 """
 

@@ -1,4 +1,4 @@
-"""A local Hugging Face model folder: how a pretrained encoder (vla/text_encoder.py, vla/vision_encoder.py)
+"""A local Hugging Face model folder: how a pretrained encoder (vla/model/text_encoder.py, vla/model/vision_encoder.py)
 enters a policy, and how a checkpoint knows it is the same one later.
 
 - Never a download: a path that is not a local directory with a config.json is refused (one line) before

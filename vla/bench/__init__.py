@@ -12,7 +12,7 @@ import importlib
 import json
 from pathlib import Path
 
-from vla import cli
+from vla.cli import common as cli
 
 SUBCOMMANDS = ("latency", "plan", "train", "data", "collect", "delay", "serve")
 

@@ -48,7 +48,7 @@ def _collect(tasks: str, n: int, workers: int, image_size: int, seed: int, out: 
     """One `vla-collect` run; end-to-end rates plus the steady state (workers up, no start-up/merge)."""
     import contextlib
 
-    from vla.collect import Collector, build_parser, resolve_tasks
+    from vla.data.collect import Collector, build_parser, resolve_tasks
 
     argv = ["--tasks", tasks, "--episodes-per-task", str(n), "--workers", str(workers), "--out", str(out)]
     argv += ["--seed", str(seed), "--image-size", str(image_size), "--quiet", "--merge-every", "1e9"]
@@ -72,7 +72,7 @@ def _collect(tasks: str, n: int, workers: int, image_size: int, seed: int, out: 
 
 def _jobs(path: Path) -> list[tuple[str, int]]:
     """Every (task, seed) the collection tried, kept or failed, so the in-process runs redo the same work."""
-    from vla.hdf5_format import demo_meta, demo_names, open_dataset, read_failed_seeds
+    from vla.data.hdf5_format import demo_meta, demo_names, open_dataset, read_failed_seeds
 
     with open_dataset(path) as f:
         jobs = [(m["task"], m["seed"]) for m in (demo_meta(f, n) for n in demo_names(f))]
@@ -86,8 +86,8 @@ def _in_process(jobs, image_size: int, env_args: dict, write_dir: Path) -> tuple
     import contextlib
 
     import envs
-    from vla.collect import make_env, rollout
-    from vla.hdf5_format import open_dataset, write_dataset, write_episode_file
+    from vla.data.collect import make_env, rollout
+    from vla.data.hdf5_format import open_dataset, write_dataset, write_episode_file
 
     for task, _ in jobs:  # build (and warm up) every env outside the timed region
         make_env(task, image_size).reset(seed=0)
@@ -112,7 +112,7 @@ def _in_process(jobs, image_size: int, env_args: dict, write_dir: Path) -> tuple
 def _raw_peer(task: str, image_size: int, steps: int) -> dict[str, float]:
     import mujoco
 
-    from vla.collect import make_env
+    from vla.data.collect import make_env
 
     env = make_env(task, image_size)
     env.reset(seed=0)
@@ -132,7 +132,7 @@ def _raw_peer(task: str, image_size: int, steps: int) -> dict[str, float]:
 
 
 def run(args: argparse.Namespace) -> dict[str, Any]:
-    from vla.hdf5_format import open_dataset, read_env_args
+    from vla.data.hdf5_format import open_dataset, read_env_args
 
     if args.episodes_per_task < 1:
         raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")

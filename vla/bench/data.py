@@ -15,12 +15,12 @@ from pathlib import Path
 
 import torch
 
-from vla.augment import random_shift
 from vla.config import from_dict, load_yaml
-from vla.dataset import EpochSampler, WindowDataset, fit_tokenizers
+from vla.data.hdf5_format import ObsKeys
+from vla.data.windows import EpochSampler, WindowDataset, fit_tokenizers
 from vla.errors import UserError
-from vla.hdf5_format import ObsKeys
-from vla.train_config import TrainConfig
+from vla.training.augment import random_shift
+from vla.training.config import TrainConfig
 
 
 def add_arguments(p) -> None:
@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
 def _ensure_data(path: Path) -> Path:
     if path.exists():
         return path
-    from vla.collect import main as collect
+    from vla.data.collect import main as collect
 
     out = Path(tempfile.mkdtemp()) / "bench.hdf5"
     print(f"{path} not found: collecting a small dataset into {out}")

@@ -2,8 +2,8 @@
 
     vla-bench delay --checkpoint runs/demo --episodes-per-task 50 --workers 2 --docs docs/delay_sweep.png
 
-For each strategy (vla/strategies.py) and each delay d (control ticks the policy "thinks" while the
-environment keeps stepping, simulated time: vla/delay.py) it runs the vla-eval evaluation on the
+For each strategy (vla/policy/strategies.py) and each delay d (control ticks the policy "thinks" while the
+environment keeps stepping, simulated time: vla/control/delay.py) it runs the vla-eval evaluation on the
 checkpoint's tasks with the same seeds and records success with Wilson 95% intervals and the smoothness
 of the executed actions (mean absolute jerk, jump at chunk boundaries). Each point is written to
 OUT/points/<strategy>_d<d>.json as soon as it is done, and a rerun with the same settings reuses the
@@ -63,9 +63,9 @@ def run(args) -> dict:
     from tqdm import tqdm
 
     import envs
-    from vla import cli
-    from vla.evaluate import EVAL_SEED, delay_options
-    from vla.policy import load_policy
+    from vla.cli import common as cli
+    from vla.evaluation.evaluate import EVAL_SEED, delay_options
+    from vla.policy.torch_policy import load_policy
 
     os.environ.setdefault("MUJOCO_GL", "egl")
     delays = parse_list(args.delays, "delays", int)
@@ -123,7 +123,7 @@ def run(args) -> dict:
 
 def _strategies(asked: list[str] | None, has_committed: bool) -> list[str]:
     """The strategies to sweep: those asked for, else every one the checkpoint can run."""
-    from vla.strategies import STRATEGIES
+    from vla.policy.strategies import STRATEGIES
 
     strategies = asked or [s for s in STRATEGIES if s != "delay_aware" or has_committed]
     if asked is None and not has_committed:
@@ -136,9 +136,9 @@ def _strategies(asked: list[str] | None, has_committed: bool) -> list[str]:
 def _evaluate_point(args, plain, policies: dict, strategy: str, d: int, tasks: list[str], seed: int, device) -> dict:
     """One point of the sweep: vla-eval's result for `strategy` at delay d, in worker processes or in this one
     (`policies` keeps the policies built here, one per override set)."""
-    from vla.delay import raw_chunk_overrides
-    from vla.evaluate import delay_options, evaluate, evaluate_parallel, policy_info
-    from vla.policy import load_policy
+    from vla.control.delay import raw_chunk_overrides
+    from vla.evaluation.evaluate import delay_options, evaluate, evaluate_parallel, policy_info
+    from vla.policy.torch_policy import load_policy
 
     delay = delay_options(d, strategy, args.execute)
     overrides = raw_chunk_overrides(strategy)

@@ -20,7 +20,7 @@ The top level reports our parallel decoding (one pass per step) against the toke
 peer; `by_decoding` has every pairing, matched ones included.
 
 Backends (`--backend`, default all): the streaming step on torch eager (the `streaming` row), and the
-exported step graph (vla/export.py's `StepGraph`, exported from this benchmark's model) on onnxruntime
+exported step graph (vla/export/graphs.py's `StepGraph`, exported from this benchmark's model) on onnxruntime
 in fp32 and dynamically quantized to int8 (`onnxruntime-int8`); their logits' largest difference from
 torch's is reported. Next to each backend, the FLOP limit: the model card's FLOPs per step (which agree
 with `torch.utils.flop_counter.FlopCounterMode`) divided by the fp32 matmul peak measured in the same
@@ -48,17 +48,17 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla import cli
+from vla.cli import common as cli
 from vla.config import apply_overrides, from_dict, load_yaml
 from vla.errors import UserError
 from vla.model import ActionTransformer, DataSpec, ModelConfig, TokenLayout
-from vla.model_card import model_card
+from vla.model.card import model_card
 
 # The data of our tabletop tasks: 64x64 frames, 9 proprio values, 4 action dims, the named block's and its
 # goal's positions as auxiliary targets (6); the vocabulary size does not change the step's cost.
 TABLETOP = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=64, n_cameras=1, aux_dim=6)
 # How a streaming step can run: torch eager (`ActionTransformer.step`), and the exported step graph
-# (vla/export.py) on onnxruntime in fp32 and dynamically quantized to int8.
+# (vla/export/graphs.py) on onnxruntime in fp32 and dynamically quantized to int8.
 BACKENDS = ("torch", "onnxruntime", "onnxruntime-int8")
 
 
@@ -194,11 +194,11 @@ class _Streaming:
 
 def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path, int8: bool = True) -> float:
     """prefix.onnx, mask.onnx, step.onnx (and with `int8` step.int8.onnx) of a model: vla-export's graphs,
-    without a checkpoint's tokenizers; returns the seconds it took. Raises vla.export.ExportError for what
+    without a checkpoint's tokenizers; returns the seconds it took. Raises vla.export.graphs.ExportError for what
     cannot be exported."""
     import copy
 
-    from vla.export import check_exportable, export_graphs, quantize_step
+    from vla.export.graphs import check_exportable, export_graphs, quantize_step
 
     model = copy.deepcopy(model).float().cpu().eval()
     check_exportable(model)
@@ -214,8 +214,8 @@ class _OnnxStreaming:
     `load_policy(..., backend="onnxruntime")` steps with. Inputs are numpy arrays prepared outside the timer."""
 
     def __init__(self, export_dir: Path, model, ep: _Episode, threads: int, int8: bool):
-        from vla.export import GRAPH_FILES
-        from vla.onnx_policy import OnnxStreamer
+        from vla.export.graphs import GRAPH_FILES
+        from vla.policy.onnx_policy import OnnxStreamer
 
         ring = (model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step)
         self.streamer = OnnxStreamer(export_dir, GRAPH_FILES, ring, threads, int8)
@@ -345,7 +345,7 @@ def onnx_methods(model, ep: _Episode, backends: list[str], threads: int, device,
         import onnxruntime  # noqa: F401 - the `export` extra
     except ImportError as e:
         return {}, {b: f"onnxruntime is not importable ({e}); install the `export` extra" for b in wanted}, None
-    from vla.export import ExportError
+    from vla.export.graphs import ExportError
 
     try:
         seconds = export_step_graphs(model, ep.instruction, workdir, int8="onnxruntime-int8" in wanted)

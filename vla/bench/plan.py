@@ -9,7 +9,7 @@ on each backend (torch eager, the exported step graph on onnxruntime fp32 and in
 full, the backends taking turns step by step. A candidate fits on a backend when its p99 times the
 safety margin is within the budget: p99 leaves out 1 step in 100, the margin covers what a benchmark
 does not see (observation preprocessing, other processes, a hotter or busier robot computer).
-FLOPs per step are the model card's (vla/model_card.py, checked against torch's FlopCounterMode).
+FLOPs per step are the model card's (vla/model/card.py, checked against torch's FlopCounterMode).
 """
 
 from __future__ import annotations
@@ -23,7 +23,6 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from vla import cli
 from vla.bench.latency import (
     TABLETOP,
     _Episode,
@@ -37,9 +36,10 @@ from vla.bench.latency import (
     parse_backends,
     time_interleaved,
 )
+from vla.cli import common as cli
 from vla.errors import UserError
 from vla.model import ActionTransformer, ModelConfig, TokenLayout
-from vla.model_card import model_card
+from vla.model.card import model_card
 
 HEAD_DIM = 32  # features per attention head (the demo's 128 / 4)
 

@@ -6,7 +6,7 @@ One run, all traffic on 127.0.0.1, bounded in steps and seconds. The server is `
 own process (its own interpreter, as on a GPU box), on the same backend and thread count as the in-process
 policy it is compared with.
 1. in process: `policy.act_chunk` in this process, `--steps` steps (p50 / p99);
-2. round trip: the same steps through the server with our client (`vla.remote.RemotePolicy`) and with
+2. round trip: the same steps through the server with our client (`vla.policy.remote.RemotePolicy`) and with
    openpi-client, one client at a time; the overhead is the round trip's p50 minus the in-process p50;
 3. robots: for each count in `--clients`, that many clients (threads here, each its own connection and
    episode) step at `--hz` for `--seconds` on one absolute schedule, their ticks aligned (every robot asks
@@ -39,7 +39,7 @@ INSTRUCTION = "push the red block to the green target"
 
 
 def add_arguments(p) -> None:
-    from vla import cli
+    from vla.cli import common as cli
 
     p.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out; with its export/)")
     cli.add_backend(p)
@@ -130,7 +130,7 @@ class _Server:
 def _robots(url: str, n: int, obs: list[dict], args, paced: bool) -> dict:
     """n clients, each its own connection and episode, stepping on one schedule (or back to back) for
     --seconds: round trips, tick latencies, misses and replies per second."""
-    from vla.remote import RemotePolicy
+    from vla.policy.remote import RemotePolicy
 
     period = 1.0 / args.hz
     budget = (args.budget_ms or 1e3 / args.hz) / 1e3
@@ -235,9 +235,9 @@ def run(args) -> dict:
     clients = _check(args)
     import torch
 
-    from vla.onnx_policy import PolicyLoadError
-    from vla.policy import load_policy
-    from vla.remote import RemotePolicy
+    from vla.policy.onnx_policy import PolicyLoadError
+    from vla.policy.remote import RemotePolicy
+    from vla.policy.torch_policy import load_policy
 
     torch.set_num_threads(args.threads)
     try:

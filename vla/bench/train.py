@@ -18,14 +18,14 @@ import time
 import torch
 import torch.nn as nn
 
-from vla.augment import random_shift
 from vla.bench.latency import TABLETOP
 from vla.config import from_dict, load_yaml
 from vla.errors import UserError
 from vla.model import ActionTransformer, TokenLayout
-from vla.model_card import model_card
-from vla.train import total_loss
-from vla.train_config import TrainConfig
+from vla.model.card import model_card
+from vla.training.augment import random_shift
+from vla.training.config import TrainConfig
+from vla.training.train import total_loss
 
 
 def add_arguments(p) -> None:

@@ -33,7 +33,9 @@ class ModelConfig:
     patch_size: int = 16  # ViT patch side, pixels
     patch_embed: Literal["linear", "conv"] = "conv"  # pixels -> d_model: per-patch linear, or stride-conv stem
     conv_channels: int = 16  # channels of the conv stem's first stage, doubling per stage (patch_embed="conv")
-    vision_encoder: str | None = None  # local HF image-model folder in place of the conv stem (vla/vision_encoder.py)
+    vision_encoder: str | None = (
+        None  # local HF image-model folder in place of the conv stem (vla/model/vision_encoder.py)
+    )
     vision_encoder_trainable: bool = False  # fine-tune it (saved in model.safetensors); False: frozen, not saved
     film: bool = True  # condition the conv stem and keypoints on the instruction (FiLM, as RT-1 does)
     keypoints: int = 8  # spatial-softmax keypoint tokens per camera and step (0 = patches only)
@@ -41,14 +43,16 @@ class ModelConfig:
     aux_feed: bool = True  # when the data has auxiliary targets, their prediction enters the proprio token
     # instruction
     instruction_len: int = 16  # L: instruction tokens (padded / truncated), tokens
-    # a local Hugging Face model folder whose frozen features embed the instruction (vla/text_encoder.py; never
+    # a local Hugging Face model folder whose frozen features embed the instruction (vla/model/text_encoder.py; never
     # downloaded), or None: a word table fitted on the data's instructions
     text_encoder: str | None = None
     # actions
     action_bins: int = 256  # discretization bins per action dimension (ActionTokenizer.bins)
     chunk: int = 4  # future actions predicted per step (t .. t+chunk-1) -> chunk * A action slots
     action_decoding: Literal["autoregressive", "parallel"] = "parallel"  # see vla/model/network.py
-    committed_actions: bool = False  # parallel slots can hold already-committed action bins (vla/delay_training.py)
+    committed_actions: bool = (
+        False  # parallel slots can hold already-committed action bins (vla/training/delay_prefix.py)
+    )
     # time and context
     window: int = 2  # K: control steps in the context window (and KV-cache step slots)
     time_encoding: Literal["relative", "sinusoidal", "learned", "none"] = "relative"  # see vla/model/network.py

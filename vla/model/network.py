@@ -11,8 +11,8 @@ embed -> trunk -> head, in that order, in every pass:
   or action bin) plus a segment embedding (instruction / image / proprio / action) plus, for step
   tokens, an index-within-step embedding. `embed_steps` is the only step embedding: training,
   recompute and the streaming step all call it. With `text_encoder` an instruction token's content is a
-  frozen pretrained encoder's feature at that token, projected to d (vla/text_encoder.py). With
-  `vision_encoder` a pretrained image model's feature map gives the patch tokens (vla/vision_encoder.py).
+  frozen pretrained encoder's feature at that token, projected to d (vla/model/text_encoder.py). With
+  `vision_encoder` a pretrained image model's feature map gives the patch tokens (vla/model/vision_encoder.py).
 - trunk: pre-norm blocks under the one attention rule of `transformer.attention_mask`, a final norm.
   Only the action slots' outputs are ever read, so the last block computes queries, projection and MLP
   for those rows only (its keys/values still come from every token).
@@ -36,7 +36,7 @@ Action decoding (`action_decoding`), slot j of a step predicts action token j:
 Chunking: slot j = c * A + a is dim a of action t + c (chunk-major), targets (B, K, chunk * A).
 
 Inference: `new_cache` / `start` (the instruction prefix once) / `step` (append one step, decode its
-action tokens) keep a constant-memory KV cache (`vla/kv_cache.py`); `recompute` decodes the same
+action tokens) keep a constant-memory KV cache (`vla/model/kv_cache.py`); `recompute` decodes the same
 window from scratch and returns the same tokens and logits.
 """
 
@@ -48,7 +48,6 @@ from dataclasses import dataclass
 import torch
 import torch.nn as nn
 
-from vla.kv_cache import KVCache
 from vla.model import losses
 from vla.model.config import (
     PAD_ID,
@@ -60,9 +59,10 @@ from vla.model.config import (
     ModelConfig,
     TokenLayout,
 )
+from vla.model.kv_cache import KVCache
+from vla.model.text_encoder import FrozenTextEncoder
 from vla.model.transformer import Block, TokenCoords, attention_mask
 from vla.model.vision import PatchEmbed
-from vla.text_encoder import FrozenTextEncoder
 
 
 @dataclass

@@ -59,7 +59,7 @@ def ring_layout(L: int, K: int, S: int, device=None) -> tuple[torch.Tensor, torc
 
 def ring_coords(layout: tuple, instr_valid, slot_timestep, slot_valid) -> TokenCoords:
     """The buffer's coordinates from its layout and the ring's state: instr_valid (B, L), slot_timestep and
-    slot_valid (B, K). Used by `KVCache` (vla/kv_cache.py) and the exported graphs (vla/export.py)."""
+    slot_valid (B, K). Used by `KVCache` (vla/model/kv_cache.py) and the exported graphs (vla/export/graphs.py)."""
     S = (layout[0].shape[0] - instr_valid.shape[1]) // slot_valid.shape[1]
     return TokenCoords(
         pos=layout[0],

@@ -1,7 +1,7 @@
 """Vision encoder: uint8 frames -> image tokens (patch features, then spatial-softmax keypoints).
 
 Patch features come from a conv stem, linear patches, or a pretrained image model's feature map
-(`model.vision_encoder`, vla/vision_encoder.py); the keypoints always read the pixels.
+(`model.vision_encoder`, vla/model/vision_encoder.py); the keypoints always read the pixels.
 
 Pure: `forward` returns everything a caller may need (tokens, keypoint coordinates, heat maps);
 nothing is kept on the module between calls.
@@ -18,7 +18,7 @@ import torch.nn.functional as F
 from einops import rearrange
 
 from vla.model.config import ModelConfig, TokenLayout
-from vla.vision_encoder import VisionEncoder
+from vla.model.vision_encoder import VisionEncoder
 
 
 @dataclass

@@ -3,7 +3,7 @@
     vla-serve --checkpoint runs/demo --backend onnxruntime --host 0.0.0.0 --port 8000 --token SECRET
 
 The policy runs on this machine (the GPU box); each robot's control loop connects with
-`vla.remote.RemotePolicy(url, token=...)` (numpy, msgpack and websockets only: no torch on the robot), or
+`vla.policy.remote.RemotePolicy(url, token=...)` (numpy, msgpack and websockets only: no torch on the robot), or
 with openpi's `openpi_client.websocket_client_policy.WebsocketClientPolicy(host, port, api_key=...)`
 unmodified. Every connection is one robot with its own episode (vla/serve/session.py); the messages and
 the observation keys are in vla/serve/protocol.py, the bytes in vla/serve/wire.py, the server in
@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import argparse
 
-from vla import cli
+from vla.cli import common as cli
 from vla.errors import UserError
 
 
@@ -90,8 +90,8 @@ def _load(args):
     """The checkpoint's policy on this machine (its threads set before an onnxruntime session is made)."""
     import torch
 
-    from vla.onnx_policy import PolicyLoadError
-    from vla.policy import load_policy
+    from vla.policy.onnx_policy import PolicyLoadError
+    from vla.policy.torch_policy import load_policy
 
     torch.set_num_threads(args.threads)
     overrides = cli.policy_overrides(args.policy)

@@ -9,7 +9,7 @@ spelling works, both at once is an error):
     proprio      observation/state        float (P,): the robot state the policy was trained on
     instruction  prompt                   str: a new instruction (or the first) starts a new episode
     reset                                 true: start a new episode even with the same instruction
-    policy                                {field: value}: PolicyConfig overrides (vla/policy_config.py) for the
+    policy                                {field: value}: PolicyConfig overrides (vla/policy/config.py) for the
                                           connection, from the episode this message starts on
     step                                  int: the episode step this observation is for (default: one more
                                           than the last); the controller's tick, also across skipped ticks
@@ -31,7 +31,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from vla.observation import check_observation
+from vla.policy.observation import check_observation
 
 PROTOCOL_VERSION = 1
 # our observation keys -> openpi's spelling of the same thing (what `openpi_client` examples send)

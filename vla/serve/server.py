@@ -7,7 +7,7 @@ stops reading) only ever holds up itself, and every connection gets its turn on 
 Besides the protocol (vla/serve/protocol.py) the HTTP handshake answers three things, as openpi's server
 does or where openpi-client looks: `GET /healthz` is 200 with a JSON line (no token needed); with a token
 set, a handshake without the header `Authorization: Api-Key TOKEN` (what openpi-client sends for its
-`api_key`, and `vla.remote.RemotePolicy` too) is refused with HTTP 401 and one line saying why; past
+`api_key`, and `vla.policy.remote.RemotePolicy` too) is refused with HTTP 401 and one line saying why; past
 `max_clients` connections, HTTP 503. A bad message gets one text frame saying what is wrong, then the
 connection is closed with code 1008; a failure of the server itself, the same with code 1011 (and the
 traceback in the server's log). Either way the other connections carry on.
@@ -43,7 +43,7 @@ log = logging.getLogger("vla.serve")
 class PolicyServer:
     def __init__(self, policy, backend: str = "torch", checkpoint: str | None = None, token: str | None = None,
                  max_clients: int = 16):  # fmt: skip
-        """`policy`: a loaded policy with `fork()` (vla.policy.Policy, vla.onnx_policy.OnnxPolicy)."""
+        """`policy`: a loaded policy with `fork()` (torch's Policy, OnnxPolicy)."""
         self.policy = policy
         self.served = ServedPolicy.of(policy)
         self.backend = backend
@@ -83,7 +83,7 @@ class PolicyServer:
                 log.info("refused %s: %s", connection.remote_address, why)
                 return connection.respond(
                     HTTPStatus.UNAUTHORIZED, f"{why}: this server needs the header 'Authorization: Api-Key TOKEN' "
-                    "(openpi-client: api_key=TOKEN; vla.remote.RemotePolicy: token=TOKEN)\n",
+                    "(openpi-client: api_key=TOKEN; vla.policy.remote.RemotePolicy: token=TOKEN)\n",
                 )  # fmt: skip
         if len(self.sessions) >= self.max_clients:
             return connection.respond(HTTPStatus.SERVICE_UNAVAILABLE, f"{self.max_clients} clients already\n")

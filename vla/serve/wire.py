@@ -6,7 +6,7 @@ a numpy scalar as {b"__npgeneric__": True, b"data": value, b"dtype": "<f4"}. Nev
 arrays of plain numeric dtypes from their bytes and nothing else, and checks that the bytes match the
 shape, so a malformed or hostile message is a `WireError`, never code run or memory claimed on its behalf.
 
-numpy and msgpack only: the robot-side client (`vla.remote`) imports this.
+numpy and msgpack only: the robot-side client (`vla.policy.remote`) imports this.
 """
 
 from __future__ import annotations

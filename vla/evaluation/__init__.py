@@ -1,0 +1,1 @@
+"""Success rates in simulation, the results report, and attention read-outs."""

@@ -1,0 +1,510 @@
+"""Behaviour cloning: `vla-train --config configs/demo.yaml --data data/demo.hdf5 --out runs/demo`.
+
+Reads top to bottom (`train`): set up the device and seeds, read the data (tokenizers fitted on the
+training split, or read back on resume), build the model and optimizer, then loop: batch -> loss on
+action tokens -> AdamW step; every side job (logging, validation, closed-loop evaluation,
+checkpointing) is a call with a name. `--resume` continues exactly where the last complete checkpoint
+left off, after any interruption (kill -9, Ctrl-C, `train.stop_at`).
+Distributed: `torchrun --nproc-per-node N -m vla.training.train ...` (DDP; gloo on CPU, nccl on CUDA).
+"""
+
+from __future__ import annotations
+
+import argparse
+import contextlib
+import dataclasses
+import hashlib
+import json
+import math
+import os
+import random
+import sys
+from dataclasses import dataclass
+from pathlib import Path
+
+import numpy as np
+import torch
+
+from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_checkpoint, save_json
+from vla.cli import common as cli
+from vla.config import ConfigError, apply_overrides, from_dict, to_dict
+from vla.data.hdf5_format import DatasetError
+from vla.data.sources import open_source
+from vla.data.windows import EpochSampler, Tokenizers, WindowDataset, data_fingerprint, fit_tokenizers
+from vla.model import ActionTransformer, DataSpec, ModelConfig
+from vla.model.vision_encoder import FOLDER as VISION_FOLDER
+from vla.policy.torch_policy import Policy, pick_device
+from vla.training.augment import random_shift
+from vla.training.config import DataConfig, OptimConfig, TrainConfig, load_config
+from vla.training.delay_prefix import commit_random_prefix
+from vla.training.distributed import Distributed
+from vla.training.run_log import RunLog, SilentLog
+from vla.training.weight_average import WeightAverage
+
+
+class NonFiniteError(RuntimeError):
+    pass
+
+
+def lr_at(step: int, cfg: OptimConfig, total: int) -> float:
+    """Linear warmup to lr, then cosine decay to lr * min_lr_ratio at the last step."""
+    if step < cfg.warmup_steps:
+        return cfg.lr * (step + 1) / cfg.warmup_steps
+    progress = (step - cfg.warmup_steps) / max(1, total - cfg.warmup_steps)
+    return cfg.lr * (cfg.min_lr_ratio + (1 - cfg.min_lr_ratio) * 0.5 * (1 + math.cos(math.pi * min(progress, 1.0))))
+
+
+def param_digest(model: torch.nn.Module) -> str:
+    h = hashlib.sha256()
+    for name, p in sorted(model.state_dict().items()):
+        h.update(name.encode())
+        h.update(p.detach().cpu().contiguous().numpy().tobytes())
+    return h.hexdigest()[:16]
+
+
+# ----------------------------------------------------------------------------------------- data
+
+
+def open_data(data: DataConfig, path: str):
+    """Any layout (ours, robomimic, LIBERO, LeRobot) through one key mapping, frames resized on read."""
+    return open_source(
+        path, layout=data.layout, image=data.image_key, proprio=data.proprio_keys, instruction=data.instruction,
+        actions=data.action_key, image_size=data.image_size, valid_fraction=data.valid_fraction,
+        wrist_image=data.wrist_image_key,
+    )  # fmt: skip
+
+
+def resolve_optional_keys(data: DataConfig, path: str) -> DataConfig:
+    """Turn off the privileged targets the data does not have (one notice each): our collector records
+    them, real robot data has none, and the same default config must train on both."""
+    source = open_data(dataclasses.replace(data, action_key="actions"), path)
+    names = source.names(data.train_split)
+    if not names:
+        raise DatasetError(f"{path}: split '{data.train_split}' is empty; nothing to train on")
+    changes = {}
+    if data.action_key == "expert_actions":
+        try:
+            open_data(data, path).read(names[0], images=False)
+        except DatasetError:
+            changes["action_key"] = "actions"
+    for field_name in ("aux_key", "keypoint_key"):
+        key = getattr(data, field_name)
+        if key and source.obs(names[0], key) is None:
+            changes[field_name] = ""
+    for field_name, value in changes.items():
+        print(f"vla-train: {path} has no '{getattr(data, field_name)}': data.{field_name}={value!r}", file=sys.stderr)
+    return dataclasses.replace(data, **changes)
+
+
+def registered_tasks() -> set[str]:
+    """The gymnasium ids closed-loop evaluation can run (robomimic, LIBERO, LeRobot data name others)."""
+    import envs
+
+    return set(envs.TASKS)
+
+
+@dataclass
+class TrainData:
+    tokenizers: Tokenizers
+    spec: DataSpec
+    train_set: WindowDataset
+    valid_set: WindowDataset | None
+    env_args: dict
+    tasks: list[str]
+    fingerprint: str
+
+
+def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> TrainData:
+    """Windows of the training (and validation) split, tokenized, and the sizes the data decides."""
+    source = open_data(cfg.data, path)
+    keys = source.keys
+    if tokenizers is None:
+        tokenizers = fit_tokenizers(
+            source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode,
+            paraphrase_vocabulary=cfg.data.instruction_augment > 0, text_encoder=cfg.model.text_encoder,
+        )  # fmt: skip
+
+    def windows(split: str, instruction_augment: float = 0.0) -> WindowDataset:
+        return WindowDataset(
+            source, split, tokenizers, cfg.model.window, cfg.model.chunk, cfg.model.instruction_len, keys,
+            preload=cfg.data.preload, aux_key=cfg.data.aux_key, keypoint_key=cfg.data.keypoint_key,
+            instruction_augment=instruction_augment, seed=cfg.train.seed, waypoints=cfg.data.waypoint_targets,
+            gripper_dim=cfg.data.gripper_dim, waypoint_dims=cfg.data.waypoint_dims,
+        )  # fmt: skip
+
+    train_set = windows(cfg.data.train_split, cfg.data.instruction_augment)  # validation: the demos' own
+    valid_set = None
+    if cfg.data.valid_split and cfg.eval.valid_batches > 0:
+        try:
+            valid_set = windows(cfg.data.valid_split)
+        except DatasetError as e:  # no or an empty valid split: train without a validation loss
+            print(f"vla-train: no validation loss ({e})", file=sys.stderr)
+    sample = train_set[0]
+    side = sample["image"].shape[-2]
+    if side % cfg.model.patch_size:
+        raise ConfigError(
+            f"{path}: frames are {side}x{side}, not a multiple of model.patch_size={cfg.model.patch_size}; "
+            f"resize them with data.image_size={max(1, round(side / cfg.model.patch_size)) * cfg.model.patch_size}"
+        )
+    spec = DataSpec(
+        image_size=side,
+        n_cameras=sample["image"].shape[1],
+        proprio_dim=sample["proprio"].shape[-1],
+        action_dim=tokenizers.action.action_dim,
+        vocab_size=tokenizers.text.vocab_size,
+        aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
+        text_fingerprint=tokenizers.text_fingerprint,
+    )
+    fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
+    return TrainData(
+        tokenizers, spec, train_set, valid_set, source.env_args(), sorted(set(train_set.tasks)), fingerprint
+    )
+
+
+def batches(dataset, batch_size: int, seed: int, rank: int, world: int, start_step: int, workers: int, pin: bool):
+    """An endless, deterministic, rank-sharded stream of batches that resumes at `start_step`."""
+    sampler = EpochSampler(len(dataset), batch_size, seed, rank, world, start_step)
+    loader = torch.utils.data.DataLoader(
+        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
+        persistent_workers=workers > 0, pin_memory=pin, drop_last=True,
+    )  # fmt: skip
+    return iter(loader)
+
+
+# ----------------------------------------------------------------------------------------- steps
+
+
+def amp_context(use_amp: bool):
+    return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext()
+
+
+def total_loss(out: dict, cfg: OptimConfig) -> torch.Tensor:
+    """The action cross-entropy plus the weighted auxiliary terms the batch had targets for."""
+    loss = out["loss"]
+    if "aux_loss" in out:
+        loss = loss + cfg.aux_weight * out["aux_loss"]
+    if "keypoint_loss" in out:
+        loss = loss + cfg.keypoint_weight * out["keypoint_loss"]
+    return loss
+
+
+def train_step(model, wrapped, optimizer, batch: dict, cfg: TrainConfig, ddp: Distributed, use_amp: bool):
+    """One optimizer step. Returns (model outputs, grad norm), or None when the loss or the gradients are
+    non-finite on any rank: the decision is collective and taken before backward, so every rank skips
+    (or stops) together instead of waiting in a gradient all-reduce the others never enter."""
+    with amp_context(use_amp):
+        out = wrapped(batch)
+    loss = total_loss(out, cfg.optim)
+    optimizer.zero_grad(set_to_none=True)
+    if ddp.any(not torch.isfinite(loss).item(), loss.device):
+        return None
+    loss.backward()
+    grad_norm = torch.nn.utils.clip_grad_norm_(model.parameters(), cfg.optim.grad_clip or float("inf"))
+    if ddp.any(not torch.isfinite(grad_norm).item(), loss.device):
+        optimizer.zero_grad(set_to_none=True)
+        return None
+    optimizer.step()
+    return out, float(grad_norm)
+
+
+@torch.no_grad()
+def validation_loss(model, valid_set, batch_size: int, n_batches: int, device, use_amp: bool) -> float:
+    """Mean action loss over the same first `n_batches` batches of the validation split every time (so
+    the figure is comparable across steps, and a resumed run computes what an uninterrupted one does)."""
+    model.eval()
+    losses = []
+    valid_iter = batches(valid_set, batch_size, 0, 0, 1, 0, 0, False)
+    for _ in range(n_batches):
+        batch = {k: v.to(device) for k, v in next(valid_iter).items() if k != "demo"}
+        with amp_context(use_amp):
+            losses.append(model(batch)["loss"].item())
+    model.train()
+    return float(np.mean(losses))
+
+
+def closed_loop_success(model, data: TrainData, meta: dict, cfg: TrainConfig, out: Path, step: int) -> dict:
+    """Roll the current policy out in the training tasks' environments (fresh seeds)."""
+    from vla.evaluation.evaluate import evaluate
+
+    model.eval()
+    video_dir = (out / "videos" / f"step{step:07d}") if cfg.eval.videos > 0 else None
+    result = evaluate(
+        Policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
+        video_dir=video_dir, videos_per_task=cfg.eval.videos, progress=False,
+    )  # fmt: skip
+    model.train()
+    return result
+
+
+def rng_state() -> dict:
+    state = {"torch_rng": torch.get_rng_state()}
+    if torch.cuda.is_available():
+        state["cuda_rng"] = torch.cuda.get_rng_state_all()
+    return state
+
+
+def restore_rng(state: dict) -> None:
+    torch.set_rng_state(state["torch_rng"])
+    if "cuda_rng" in state and torch.cuda.is_available():
+        torch.cuda.set_rng_state_all(state["cuda_rng"])
+
+
+# ----------------------------------------------------------------------------------------- the run
+
+
+def setup_processes(cfg: TrainConfig) -> tuple[torch.device, Distributed]:
+    """The device (one GPU per rank under torchrun), torch threads, and the seeds of the initial weights."""
+    device = pick_device(cfg.train.device)
+    ddp = Distributed(device)
+    if ddp.enabled and device.type == "cuda":
+        device = torch.device("cuda", ddp.local_rank)
+        torch.cuda.set_device(device)
+    if cfg.train.threads:
+        torch.set_num_threads(cfg.train.threads)
+    random.seed(cfg.train.seed)
+    torch.manual_seed(cfg.train.seed)  # the same initial weights on every rank
+    return device, ddp
+
+
+def build_optimizer(model, cfg: TrainConfig, device: torch.device):
+    """AdamW over nanoGPT's parameter groups, and the warmup + cosine schedule."""
+    optimizer = torch.optim.AdamW(
+        model.optim_groups(cfg.optim.weight_decay), lr=cfg.optim.lr, betas=tuple(cfg.optim.betas),
+        fused=device.type == "cuda",
+    )  # fmt: skip
+    schedule = lambda s: lr_at(s, cfg.optim, cfg.train.steps) / cfg.optim.lr  # noqa: E731 - a factor of lr
+    return optimizer, torch.optim.lr_scheduler.LambdaLR(optimizer, schedule)
+
+
+@dataclass
+class Progress:
+    """What the loop carries from step to step and across a resume (besides weights and optimizer)."""
+
+    best: dict  # {"score", "step"} of the best checkpoint so far
+    skipped_nonfinite: int = 0
+    last_loss: float = math.nan  # action loss at the last logged step
+
+    @classmethod
+    def from_state(cls, state: dict | None) -> Progress:
+        if not state:
+            return cls(best={"score": -math.inf, "step": -1})
+        return cls(state["best"], int(state["skipped_nonfinite"]), float(state["last_loss"]))
+
+
+def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
+    """What a checkpoint's config.json says besides the step: enough to rebuild the policy anywhere."""
+    return {
+        "model": to_dict(cfg.model), "data_spec": dataclasses.asdict(data.spec), "policy": to_dict(cfg.policy),
+        "tokenizers": data.tokenizers.to_dict(), "config": to_dict(cfg), "data": str(data_path),
+        "env_args": data.env_args, "tasks": data.tasks,
+    }  # fmt: skip
+
+
+def prepare_data(cfg: TrainConfig, data_path: str, resume: Checkpoint | None, state: dict | None):
+    """The data (with a resumed or initializing run's tokenizers) and the config completed by what the data
+    decides; a resume on another dataset is refused."""
+    vision_fingerprint = ""
+    if cfg.model.vision_encoder:  # checked before the data is read; a resumed or initializing run's must match
+        recorded = resume.meta["data_spec"].get("vision_fingerprint") if resume else None
+        folder, vision_fingerprint = VISION_FOLDER.checked(cfg.model.vision_encoder, recorded)
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vision_encoder=str(folder)))  # absolute
+    if not state:
+        cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
+    data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
+    data = dataclasses.replace(data, spec=dataclasses.replace(data.spec, vision_fingerprint=vision_fingerprint))
+    if cfg.model.text_encoder:  # recorded as an absolute path, so the checkpoint loads from any directory
+        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_encoder=data.tokenizers.text.path))
+    if cfg.eval.episodes > 0 and not set(data.tasks) <= registered_tasks():
+        print(f"vla-train: no closed-loop evaluation: tasks {data.tasks[:3]} are not registered envs", file=sys.stderr)
+        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, episodes=0))
+    if state and state["data_fingerprint"] != data.fingerprint:
+        raise ConfigError(
+            f"--data {data_path} is not the dataset this run started on ({resume.meta['data']}; "
+            f"fingerprint {data.fingerprint} != {state['data_fingerprint']}); resume with that dataset"
+        )
+    return cfg, data
+
+
+def train(
+    cfg: TrainConfig, data_path: str, out: Path, resume: Checkpoint | None = None, init: Checkpoint | None = None
+) -> dict:
+    """`resume`: continue that run (its weights, optimizer, schedule and data); `init`: start from its weights
+    and tokenizers only, on any data of the same shapes, with a fresh optimizer and schedule (DAgger)."""
+    device, ddp = setup_processes(cfg)
+    state = resume.train_state() if resume else None
+    cfg, data = prepare_data(cfg, data_path, resume or init, state)
+    model = ActionTransformer(cfg.model, data.spec).to(device)
+    optimizer, scheduler = build_optimizer(model, cfg, device)
+    torch.manual_seed(cfg.train.seed * 1_000_003 + ddp.rank)  # dropout: each rank its own masks
+    if init:
+        init.load_into(model, device)
+    average = WeightAverage(model, cfg.optim.ema_decay)
+    if state:
+        resume.load_into(model, device)
+        average.resume(model, state)
+        optimizer.load_state_dict(state["optimizer"])
+        scheduler.load_state_dict(state["scheduler"])
+        restore_rng(state)
+    wrapped = torch.nn.parallel.DistributedDataParallel(model) if ddp.enabled else model
+    use_amp = cfg.train.amp and device.type == "cuda"
+    meta, progress = run_meta(cfg, data, data_path), Progress.from_state(state)
+    if init or (resume and "init" in resume.meta):  # where the weights started: provenance for the reader
+        meta["init"] = str(init.path) if init else resume.meta["init"]
+    start = int(state["step"]) if state else 0
+    tokens_per_step = cfg.train.batch_size * ddp.world * model.layout.n_tokens
+    log = RunLog(out, cfg, start, tokens_per_step, resumed=state is not None) if ddp.main else SilentLog()
+    train_iter = batches(data.train_set, cfg.train.batch_size, cfg.train.seed, ddp.rank, ddp.world, start,
+                         cfg.data.num_workers, device.type == "cuda")  # fmt: skip
+
+    def checkpoint(step: int, score: float | None, keep: bool) -> None:
+        is_best = score is not None and score > progress.best["score"]
+        progress.best = {"score": score, "step": step} if is_best else progress.best
+        train_state = {
+            "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
+            "data_fingerprint": data.fingerprint, **dataclasses.asdict(progress), **rng_state(),
+            **average.resume_state(model),
+        }  # fmt: skip
+        if ddp.main:
+            with average.applied(model):
+                save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
+
+    model.train()
+    stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
+    for step in range(start + 1, stop + 1):
+        batch = next(train_iter)
+        demos = batch.pop("demo")
+        gen = torch.Generator().manual_seed(cfg.train.seed * 1_000_003 + step * 101 + ddp.rank)
+        batch["image"] = random_shift(batch["image"], cfg.data.augment_shift, gen)
+        if cfg.train.delay_aware_max:
+            batch = commit_random_prefix(batch, cfg.train.delay_aware_max, cfg.model.chunk, gen)
+        result = train_step(model, wrapped, optimizer, {k: v.to(device) for k, v in batch.items()}, cfg, ddp, use_amp)
+        scheduler.step()
+        average.update(model)
+        if result is None:
+            names = sorted({data.train_set.names[int(d)] for d in demos})
+            where = f"step {step}: non-finite loss or gradients (batch demos: {', '.join(names[:8])})"
+            if not cfg.train.skip_nonfinite:
+                raise NonFiniteError(where)
+            progress.skipped_nonfinite += 1
+            log.write(f"{where}; skipped ({progress.skipped_nonfinite} so far)")
+        elif step % cfg.train.log_every == 0 or step == stop:  # host syncs only here
+            progress.last_loss = result[0]["loss"].item()
+            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
+                log.train_step(step, result[0], result[1], scheduler.get_last_lr()[0], progress.skipped_nonfinite)
+        log.tick()
+        evaluate_now = cfg.eval.episodes > 0 and ((cfg.eval.every and step % cfg.eval.every == 0) or step == stop)
+        kept = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
+        if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0 or kept:
+            with average.applied(model):  # evaluate what the checkpoint will hold
+                score = side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp)
+            checkpoint(step, score, kept)
+
+    final = max(start, stop)
+    summary = {
+        "step": final, "finished": final >= cfg.train.steps, "final_loss": progress.last_loss,
+        "skipped_nonfinite": progress.skipped_nonfinite, "world_size": ddp.world,
+        "rank_weight_digests": ddp.gather(param_digest(model)), "best": progress.best,
+    }  # fmt: skip
+    if ddp.main:
+        save_json(out / "summary.json", summary)
+    log.close()
+    ddp.close()
+    return summary
+
+
+def saved_config(ckpt: Checkpoint, overrides: list[str]) -> TrainConfig:
+    """The config a checkpoint was trained with, then `overrides`; a stop_at ends one invocation, so it is not
+    carried over."""
+    saved = from_dict(TrainConfig, ckpt.meta["config"])
+    saved.train.stop_at = 0
+    return apply_overrides(saved, overrides)
+
+
+def with_model_of(cfg: TrainConfig, init: Checkpoint) -> TrainConfig:
+    """`cfg` with `init`'s model settings, except those the config sets itself (dropout, say); the
+    weights must still fit the result (`load_into` says which do not)."""
+    model, default = to_dict(from_dict(ModelConfig, init.meta["model"], "model")), to_dict(ModelConfig())
+    model.update({k: v for k, v in to_dict(cfg.model).items() if v != default[k]})
+    return dataclasses.replace(cfg, model=from_dict(ModelConfig, model, "model"))
+
+
+def side_jobs(model, data, meta, cfg: TrainConfig, out: Path, step: int, evaluate_now: bool, log, device, use_amp):
+    """Closed-loop evaluation and validation loss before a checkpoint (rank 0); returns the checkpoint's
+    score: closed-loop success when evaluating, else minus the validation loss, or None."""
+    if not log.enabled:
+        return None
+    score = None
+    if evaluate_now:
+        result = closed_loop_success(model, data, meta, cfg, out, step)
+        log.closed_loop(step, result)
+        score = result["overall"]["success_rate"]
+    if data.valid_set is not None:
+        vloss = validation_loss(model, data.valid_set, cfg.train.batch_size, cfg.eval.valid_batches, device, use_amp)
+        log.scalars(step, {"valid/loss": vloss})
+        score = -vloss if cfg.eval.episodes <= 0 else score
+    return score
+
+
+# ----------------------------------------------------------------------------------------- CLI
+
+
+def main(argv: list[str] | None = None) -> int:
+    parser = argparse.ArgumentParser(
+        prog="vla-train",
+        description=__doc__.split("\n\n")[0],
+        epilog="Overrides: dotted keys, e.g. train.steps=200 model.n_layer=2 (unknown keys are errors).",
+    )
+    parser.add_argument("--config", help="YAML preset, e.g. configs/demo.yaml (default: the built-in defaults)")
+    parser.add_argument("--data", help="HDF5 dataset (vla-collect --out); with --resume, default: the run's own")
+    parser.add_argument("--out", required=True, help="run/checkpoint directory")
+    parser.add_argument("--resume", action="store_true", help="continue OUT's run from its last complete checkpoint")
+    parser.add_argument(
+        "--init", metavar="CHECKPOINT",
+        help="start from this checkpoint's weights and tokenizers (its config unless --config; its model "
+        "settings unless the config sets others), with a fresh optimizer and schedule: fine-tuning, DAgger",
+    )  # fmt: skip
+    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
+    args, unknown = parser.parse_known_args(argv)
+    bad = [u for u in unknown if not (u.startswith("--") and "=" in u)]
+    if bad:
+        parser.error(f"unrecognized arguments: {' '.join(bad)}")
+    if not args.resume and not args.data:
+        parser.error("--data is required (except with --resume)")
+    if args.resume and args.init:
+        parser.error("--init starts a run and --resume continues one: give one of them")
+    os.environ.setdefault("MUJOCO_GL", "egl")
+
+    def body() -> int:
+        out = Path(args.out)
+        resume = None
+        if args.resume:
+            if not has_checkpoint(out):
+                raise ConfigError(f"{out}: nothing to resume (no complete checkpoint); drop --resume to start a run")
+            resume = load_checkpoint(out)
+            cfg = saved_config(resume, args.overrides + unknown)
+            data_path = args.data or resume.meta["data"]
+        else:
+            if has_checkpoint(out):
+                raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
+            cfg = load_config(args.config, args.overrides + unknown)
+            data_path = args.data
+        init = None
+        if args.init:
+            init = load_checkpoint(args.init)
+            if not args.config:
+                cfg = saved_config(init, args.overrides + unknown)
+            cfg = with_model_of(cfg, init)
+        try:
+            summary = train(cfg, data_path, out, resume, init)
+        except NonFiniteError as e:
+            print(f"vla-train: error: {e}", file=sys.stderr)
+            return 3
+        if int(os.environ.get("RANK", "0")) == 0:
+            print(json.dumps({k: summary[k] for k in ("step", "final_loss", "skipped_nonfinite", "world_size")}))
+        return 0
+
+    return cli.run("vla-train", body)
+
+
+if __name__ == "__main__":
+    sys.exit(main())
