@@ -50,6 +50,7 @@ demo: setup
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/demo.sh
 
 test: setup
+	$(BIN)/lint-imports --no-cache
 	$(BIN)/python -m pytest
 
 lint: setup

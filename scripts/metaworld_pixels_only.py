@@ -28,9 +28,9 @@ from vla.data.hdf5_format import (
     open_dataset,
     read_env_args,
     set_str_attr,
-    tmp_name,
     write_dataset,
 )
+from vla.files import tmp_sibling
 
 ROBOT_DIMS = 4  # hand xyz, gripper opening: what the proprio keeps
 
@@ -43,7 +43,7 @@ def pixels_only_id(task: str | bytes) -> str:
 
 
 def derive(source: str, out: str) -> int:
-    tmp = tmp_name(Path(out))
+    tmp = tmp_sibling(Path(out))
     with open_dataset(source) as f:
         env_args = read_env_args(f)
         names = demo_names(f)

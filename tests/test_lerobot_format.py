@@ -11,9 +11,9 @@ from vla.data.lerobot_format import (
     LeRobotDir,
     LeRobotEpisode,
     LeRobotWriter,
-    atomic_dir,
     available_codecs,
     default_codec,
+    new_dataset_dir,
 )
 
 CAM = "observation.images.front"
@@ -174,12 +174,12 @@ def test_corrupt_directories_give_one_line_errors(written, tmp_path):
 
 def test_atomic_dir_leaves_nothing_on_failure(tmp_path):
     dst = tmp_path / "out"
-    with pytest.raises(RuntimeError), atomic_dir(dst) as tmp:
+    with pytest.raises(RuntimeError), new_dataset_dir(dst) as tmp:
         (tmp / "meta").mkdir()
         raise RuntimeError("killed half way")
     assert not dst.exists() and list(tmp_path.iterdir()) == []
-    with atomic_dir(dst) as tmp:
+    with new_dataset_dir(dst) as tmp:
         (tmp / "done").write_text("1")
     assert (dst / "done").read_text() == "1"
-    with pytest.raises(DatasetError, match="already exists"), atomic_dir(dst):
+    with pytest.raises(DatasetError, match="already exists"), new_dataset_dir(dst):
         pass

@@ -23,10 +23,11 @@ import os
 import shutil
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any
 
 import torch
 from safetensors.torch import load_file, save_file
+
+from vla.files import atomic_dir, atomic_symlink
 
 FORMAT = "vla-checkpoint"
 VERSION = 2
@@ -36,41 +37,6 @@ KEEP = "KEEP"  # an empty file: this checkpoint outlives pruning
 
 class CheckpointError(Exception):
     """A checkpoint directory is missing a file or holds something we cannot read (one line)."""
-
-
-def _fsync(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def atomic_write(path: str | os.PathLike, write) -> None:
-    """Call `write(tmp_path)`, fsync the result, then rename it over `path` (for single files)."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp{os.getpid()}")
-    try:
-        write(tmp)
-        _fsync(tmp)
-        os.replace(tmp, path)
-    finally:
-        tmp.unlink(missing_ok=True)
-    _fsync(path.parent)
-
-
-def save_json(path: str | os.PathLike, obj: Any) -> None:
-    atomic_write(path, lambda tmp: Path(tmp).write_text(json.dumps(obj, indent=2) + "\n"))
-
-
-def _point(link: Path, target: str) -> None:
-    """Make `link` a symlink to `target` (relative), atomically replacing what was there."""
-    tmp = link.with_name(f".{link.name}.tmp{os.getpid()}")
-    tmp.unlink(missing_ok=True)
-    os.symlink(target, tmp)
-    os.replace(tmp, link)
-    _fsync(link.parent)
 
 
 def save_checkpoint(
@@ -88,31 +54,22 @@ def save_checkpoint(
     root = run_dir / "checkpoints"
     root.mkdir(parents=True, exist_ok=True)
     name = f"step_{step:07d}"
-    tmp = root / f".{name}.tmp{os.getpid()}"
-    shutil.rmtree(tmp, ignore_errors=True)
-    tmp.mkdir()
-    state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
-    save_file(state, str(tmp / WEIGHTS))
-    (tmp / CONFIG).write_text(json.dumps({"format": FORMAT, "version": VERSION, **meta, "step": step}, indent=2) + "\n")
-    torch.save(train_state, tmp / TRAIN_STATE)
-    files = [WEIGHTS, CONFIG, TRAIN_STATE]
-    if keep:
-        (tmp / KEEP).touch()
-        files.append(KEEP)
-    for f in files:
-        _fsync(tmp / f)
-    _fsync(tmp)
+    # An earlier attempt may have written this step and died before `latest` pointed at it: replaced whole.
+    with atomic_dir(root / name) as tmp:
+        state = {k: v.detach().contiguous().cpu() for k, v in model.state_dict().items()}
+        save_file(state, str(tmp / WEIGHTS))
+        meta_json = json.dumps({"format": FORMAT, "version": VERSION, **meta, "step": step}, indent=2)
+        (tmp / CONFIG).write_text(meta_json + "\n")
+        torch.save(train_state, tmp / TRAIN_STATE)
+        if keep:
+            (tmp / KEEP).touch()
     final = root / name
-    if final.exists():  # written by an earlier attempt that died before `latest` pointed at it
-        shutil.rmtree(final)
-    os.replace(tmp, final)
-    _fsync(root)
-    _point(run_dir / "latest", f"checkpoints/{name}")
+    atomic_symlink(run_dir / "latest", f"checkpoints/{name}")
     if best:
-        _point(run_dir / "best", f"checkpoints/{name}")
+        atomic_symlink(run_dir / "best", f"checkpoints/{name}")
     for f in (WEIGHTS, CONFIG):  # RUN itself loads as the latest checkpoint
         if not (run_dir / f).is_symlink():
-            _point(run_dir / f, f"latest/{f}")
+            atomic_symlink(run_dir / f, f"latest/{f}")
     _prune(run_dir)
     return final
 

@@ -49,6 +49,7 @@ import numpy as np  # noqa: E402
 
 from vla.cli import common as cli  # noqa: E402
 from vla.errors import UserError  # noqa: E402
+from vla.files import atomic_write  # noqa: E402
 from vla.data.hdf5_format import (  # noqa: E402
     DatasetError,
     Episode,
@@ -60,7 +61,6 @@ from vla.data.hdf5_format import (  # noqa: E402
     open_dataset,
     read_env_args,
     read_failed_seeds,
-    tmp_name,
     write_dataset,
     write_episode_file,
 )
@@ -180,17 +180,7 @@ def part_stem(task: str, seed: int) -> str:
 
 
 def _write_json_atomic(path: Path, obj: Any) -> None:
-    tmp = tmp_name(path)
-    with open(tmp, "w") as fh:
-        json.dump(obj, fh)
-        fh.flush()
-        os.fsync(fh.fileno())
-    os.replace(tmp, path)
-    fd = os.open(path.parent, os.O_RDONLY | os.O_DIRECTORY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
+    atomic_write(path, lambda tmp: tmp.write_text(json.dumps(obj)))
 
 
 @dataclass

@@ -24,7 +24,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.hdf5_format import DatasetError, Episode, write_dataset
-from vla.data.lerobot_format import IMAGES, STATE, LeRobotEpisode, LeRobotWriter, atomic_dir, lerobot_fps
+from vla.data.lerobot_format import IMAGES, STATE, LeRobotEpisode, LeRobotWriter, new_dataset_dir, lerobot_fps
 from vla.data.sources import EpisodeSource, HDF5Source, LeRobotSource, open_source
 
 HDF5_SUFFIXES = (".hdf5", ".h5")
@@ -63,7 +63,7 @@ def to_lerobot(src: EpisodeSource, dst: Path, codec: str = "", force: bool = Fal
     obs_keys = {"image": keys.image, "proprio": list(keys.proprio), "cameras": cameras, "extra": extra}
     vla_info = {"env_args": env_args, "source": str(src.path), "source_layout": src.layout, "obs_keys": obs_keys}
     t0 = time.perf_counter()
-    with atomic_dir(dst, force=force) as tmp:
+    with new_dataset_dir(dst, force=force) as tmp:
         writer = LeRobotWriter(tmp, fps, codec, robot_type=env_args.get("type") or src.layout, vla=vla_info)
         bar = _progress(frames, f"convert -> {dst.name}", quiet)
         for name in names:

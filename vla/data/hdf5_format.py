@@ -32,7 +32,6 @@ import contextlib
 import hashlib
 import json
 import os
-import uuid
 from collections.abc import Iterable, Iterator, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -40,6 +39,8 @@ from typing import Any
 
 import h5py
 import numpy as np
+
+from vla.files import fsync, tmp_sibling
 
 FORMAT_VERSION = 1
 # HDF5 1.10 file format (readable by any HDF5 >= 1.10, i.e. every h5py 3): checksummed object headers and
@@ -139,19 +140,6 @@ def split_masks(demos: Sequence[tuple[str, str, int]], valid_fraction: float) ->
     return [n for n in names if n not in valid], [n for n in names if n in valid]
 
 
-def _fsync_path(path: Path, directory: bool = False) -> None:
-    fd = os.open(path, os.O_RDONLY | (os.O_DIRECTORY if directory else 0))
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
-
-
-def tmp_name(path: Path) -> Path:
-    """A unique temporary sibling of `path` (`NAME.tmp-PID-XXXX`, git-ignored as `*.hdf5.tmp*`)."""
-    return path.with_name(f"{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-
-
 @contextlib.contextmanager
 def atomic_h5(path: str | os.PathLike) -> Iterator[h5py.File]:
     """Yield a new HDF5 file that replaces `path` only once it is complete and on disk.
@@ -160,13 +148,13 @@ def atomic_h5(path: str | os.PathLike) -> Iterator[h5py.File]:
     the directory is fsynced. On any error (or a kill) the temporary file is all that is left.
     """
     path = Path(path)
-    tmp = tmp_name(path)
+    tmp = tmp_sibling(path)
     try:
         with h5py.File(tmp, "w", libver=LIBVER) as f:
             yield f
-        _fsync_path(tmp)
+        fsync(tmp)
         os.replace(tmp, path)
-        _fsync_path(path.parent, directory=True)
+        fsync(path.parent)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise

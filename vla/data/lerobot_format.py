@@ -33,7 +33,6 @@ import json
 import math
 import os
 import shutil
-import uuid
 from collections.abc import Iterator
 from dataclasses import dataclass, field
 from fractions import Fraction
@@ -43,6 +42,7 @@ from typing import Any
 import numpy as np
 
 from vla.data.hdf5_format import DatasetError
+from vla.files import atomic_dir
 
 CODEBASE_VERSION = "v3.0"
 INFO_PATH = "meta/info.json"
@@ -233,29 +233,13 @@ class LeRobotEpisode:
 
 
 @contextlib.contextmanager
-def atomic_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
-    """Yield a temporary sibling directory that becomes `path` only once it is complete.
-
-    On any error the temporary directory is removed and `path` is left as it was. With `force`, an
-    existing `path` is replaced (moved aside first, deleted after the rename)."""
-    path = Path(path)
-    if path.exists() and not force:
+def new_dataset_dir(path: str | os.PathLike, force: bool = False) -> Iterator[Path]:
+    """Yield a temporary directory that becomes `path` only once complete (`vla.files.atomic_dir`);
+    an existing `path` is replaced only with `force`."""
+    if Path(path).exists() and not force:
         raise DatasetError(f"{path} already exists; pass --force to replace it")
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(f".{path.name}.tmp-{os.getpid()}-{uuid.uuid4().hex[:8]}")
-    tmp.mkdir()
-    try:
+    with atomic_dir(path) as tmp:
         yield tmp
-        old = None
-        if path.exists():
-            old = path.with_name(f".{path.name}.old-{uuid.uuid4().hex[:8]}")
-            os.replace(path, old)
-        os.replace(tmp, path)
-        if old is not None:
-            shutil.rmtree(old) if old.is_dir() else old.unlink()
-    except BaseException:
-        shutil.rmtree(tmp, ignore_errors=True)
-        raise
 
 
 def _feature(arr: np.ndarray, name: str) -> dict[str, Any]:

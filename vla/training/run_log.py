@@ -11,8 +11,8 @@ import sys
 import time
 from pathlib import Path
 
-from vla.checkpoint import save_json
 from vla.config import to_dict
+from vla.files import write_json
 
 
 def _record_step(line: str) -> int | None:
@@ -31,7 +31,7 @@ class RunLog:
         from tqdm import tqdm
 
         out.mkdir(parents=True, exist_ok=True)
-        save_json(out / "run_config.json", to_dict(cfg))
+        write_json(out / "run_config.json", to_dict(cfg))
         self.writer = SummaryWriter(str(out / "tb"), purge_step=start_step if resumed else None)
         if not resumed:
             self._hparams(cfg)

@@ -25,12 +25,13 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_checkpoint, save_json
+from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_checkpoint
 from vla.cli import common as cli
 from vla.config import ConfigError, apply_overrides, from_dict, to_dict
 from vla.data.hdf5_format import DatasetError
 from vla.data.sources import open_source
 from vla.data.windows import EpochSampler, Tokenizers, WindowDataset, data_fingerprint, fit_tokenizers
+from vla.files import write_json
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.model.vision_encoder import FOLDER as VISION_FOLDER
 from vla.policy.torch_policy import Policy, pick_device
@@ -406,7 +407,7 @@ def train(
         "rank_weight_digests": ddp.gather(param_digest(model)), "best": progress.best,
     }  # fmt: skip
     if ddp.main:
-        save_json(out / "summary.json", summary)
+        write_json(out / "summary.json", summary)
     log.close()
     ddp.close()
     return summary
