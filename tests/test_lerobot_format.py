@@ -7,14 +7,9 @@ import pyarrow.parquet as pq
 import pytest
 
 from vla.data.hdf5_format import DatasetError
-from vla.data.lerobot_format import (
-    LeRobotDir,
-    LeRobotEpisode,
-    LeRobotWriter,
-    available_codecs,
-    default_codec,
-    new_dataset_dir,
-)
+from vla.data.lerobot_format import LeRobotDir
+from vla.data.lerobot_video import available_codecs, default_codec
+from vla.data.lerobot_writer import LeRobotEpisode, LeRobotWriter, new_dataset_dir
 
 CAM = "observation.images.front"
 

@@ -48,8 +48,6 @@ import h5py  # noqa: E402
 import numpy as np  # noqa: E402
 
 from vla.cli import common as cli  # noqa: E402
-from vla.errors import UserError  # noqa: E402
-from vla.files import atomic_write  # noqa: E402
 from vla.data.hdf5_format import (  # noqa: E402
     DatasetError,
     Episode,
@@ -64,6 +62,8 @@ from vla.data.hdf5_format import (  # noqa: E402
     write_dataset,
     write_episode_file,
 )
+from vla.errors import UserError  # noqa: E402
+from vla.files import atomic_write  # noqa: E402
 
 PART_SUFFIX = ".hdf5"
 FAILED_SUFFIX = ".failed.json"

@@ -24,7 +24,8 @@ from typing import Any
 import numpy as np
 
 from vla.data.hdf5_format import DatasetError, Episode, write_dataset
-from vla.data.lerobot_format import IMAGES, STATE, LeRobotEpisode, LeRobotWriter, new_dataset_dir, lerobot_fps
+from vla.data.lerobot_format import IMAGES, STATE, lerobot_fps
+from vla.data.lerobot_writer import LeRobotEpisode, LeRobotWriter, new_dataset_dir
 from vla.data.sources import EpisodeSource, HDF5Source, LeRobotSource, open_source
 
 HDF5_SUFFIXES = (".hdf5", ".h5")

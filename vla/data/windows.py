@@ -24,10 +24,10 @@ from torch.utils.data import Dataset
 
 from vla.data.hdf5_format import DatasetError, ObsKeys
 from vla.data.sources import EpisodeSource, open_source
+from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
 from vla.model.text_encoder import KIND as ENCODER_KIND
 from vla.model.text_encoder import EncoderTokenizer
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
-from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
 
 
 @dataclass
