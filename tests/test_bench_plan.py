@@ -7,7 +7,7 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vla.bench import main
+from vla.cli.bench import main
 from vla.bench.latency import TABLETOP
 from vla.bench.plan import candidates
 from vla.model.card import model_card

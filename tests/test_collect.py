@@ -14,7 +14,7 @@ import h5py
 import numpy as np
 import pytest
 
-from vla.data.collect import main as collect_main
+from vla.cli.collect import main as collect_main
 from vla.data.hdf5_format import (
     DatasetError,
     Episode,
@@ -185,7 +185,7 @@ def test_kill_9_mid_run_then_resume(tmp_path):
     out = tmp_path / "k.hdf5"
     parts = Path(f"{out}.parts")
     n = 10
-    cmd = [sys.executable, "-m", "vla.data.collect", "--tasks", f"{REACH},{PUSH}", "--episodes-per-task", str(n)]
+    cmd = [sys.executable, "-m", "vla.cli.collect", "--tasks", f"{REACH},{PUSH}", "--episodes-per-task", str(n)]
     cmd += ["--workers", "2", "--out", str(out), "--quiet", "--merge-every", "0.2"]
     proc = subprocess.Popen(cmd, start_new_session=True, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
     try:

@@ -144,7 +144,7 @@ def test_robomimic_to_lerobot_keeps_both_cameras(tmp_path):
 
 
 def _train(data, out, *extra):
-    return run_main("vla.training.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
+    return run_main("vla.cli.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
                     "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 

@@ -10,7 +10,7 @@ import numpy as np
 import pytest
 
 from vla.cli.data import main
-from vla.data.collect import main as collect_main
+from vla.cli.collect import main as collect_main
 
 # One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("data_cli")

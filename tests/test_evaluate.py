@@ -115,7 +115,7 @@ def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_check
     out = tmp_path / "eval.json"
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "2", "--json", str(out),
                  "--tasks", "reach", "--workers", "2", "--device", "cpu", "--no-kv-cache",
-                 "--policy", "readout=argmax", "--policy", "temporal_ensemble=false",
+                 "readout=argmax", "temporal_ensemble=false",
                  "--delay-ticks", "1", "--strategy", "blocking"]) == 0  # fmt: skip
     result = json.loads(out.read_text())
     check_contract(result, ["tabletop/Reach-v0"], 2, seed=EVAL_SEED)  # one episode in each worker
@@ -142,7 +142,7 @@ def test_vla_eval_threads_sets_the_in_process_evaluation_and_gives_the_caller_it
 
 def test_vla_eval_refuses_an_unknown_policy_setting(tiny_checkpoint, capsys):
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--tasks", "reach",
-                 "--policy", "readot=argmax"]) == 2  # fmt: skip
+                 "readot=argmax"]) == 2  # fmt: skip
     assert "unknown key 'policy.readot'; did you mean 'readout'?" in capsys.readouterr().err
 
 

@@ -89,7 +89,7 @@ def test_empty_split_override_means_all():
 
 
 def _train(data, out, *extra):
-    return run_main("vla.training.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
+    return run_main("vla.cli.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
                     "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 

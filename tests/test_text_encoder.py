@@ -31,7 +31,7 @@ from vla.policy.torch_policy import load_policy
 from vla.training.config import load_config
 from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step
-from vla.training.train import main as train_main
+from vla.cli.train import main as train_main
 
 TINY = "configs/tiny.yaml"
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -243,7 +243,7 @@ def test_loading_against_a_changed_encoder_is_refused_in_one_line(run, encoder, 
         assert "\n" not in message and str(encoder.resolve()) in message, message
         assert recorded in message and changed in message, message
         result = run_main(
-            "vla.evaluation.evaluate", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json"
+            "vla.cli.eval", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json"
         )
         err = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(err) == 1 and recorded in err[0] and changed in err[0], result.stderr

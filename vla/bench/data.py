@@ -34,7 +34,7 @@ def add_arguments(p) -> None:
 def _ensure_data(path: Path) -> Path:
     if path.exists():
         return path
-    from vla.data.collect import main as collect
+    from vla.cli.collect import main as collect
 
     out = Path(tempfile.mkdtemp()) / "bench.hdf5"
     print(f"{path} not found: collecting a small dataset into {out}")
