@@ -196,7 +196,7 @@ def test_vla_eval_onnxruntime_without_an_export_is_one_line(tiny_checkpoint):
     [
         ("{not json", "not JSON"),
         ('{"seed": 5, "rows": []}', "was measured from seed 5, this evaluation starts at 100000"),
-        ('[1, 2]', "expected `python -m envs --json` output"),
+        ("[1, 2]", "expected `python -m envs --json` output"),
     ],
 )
 def test_vla_eval_bad_experts_file_is_one_line(tmp_path, content, says):

@@ -491,7 +491,8 @@ def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path, capsys)
 
 def test_deploy_safe_stop_exits_nonzero(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "stop.json"
-    rc = deploy.main(["--checkpoint", str(tiny_checkpoint), "--task", "tabletop/Push-v0", "--seconds", "3", "--strategy", "chunk", "--execute", "1",
+    rc = deploy.main(["--checkpoint", str(tiny_checkpoint), "--task", "tabletop/Push-v0", "--seconds", "3",
+                      "--strategy", "chunk", "--execute", "1",
                       "--json", str(out), "--inject-latency-ms", "80", "--max-consecutive-misses", "3"])  # fmt: skip
     assert rc == 3  # a safe stop (vla/cli/common.py's table)
     report = json.loads(out.read_text())

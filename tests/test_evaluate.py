@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import envs
-from vla.evaluation.evaluate import EVAL_SEED, format_table, main, summarize, wilson_interval
+from vla.cli.eval import main
+from vla.evaluation.evaluate import EVAL_SEED, format_table, summarize, wilson_interval
 
 
 def wilson_by_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:

@@ -83,9 +83,7 @@ def cli_export(tiny_checkpoint, tmp_path_factory):
     """vla-export of the tiny checkpoint, run as its own process (the one real run of that console script);
     the tests that use it only read it."""
     out = tmp_path_factory.mktemp("export") / "export"
-    result = run_cli(
-        "vla.cli.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8"
-    )
+    result = run_cli("vla.cli.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
     return result, out
 
 

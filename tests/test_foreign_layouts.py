@@ -72,7 +72,7 @@ def test_validate_and_info_cli_take_the_key_mapping(robomimic, libero):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "valid (4 demos, 48 steps, robomimic layout)" in r.stdout
     r = run_main("vla.cli.data", "validate", robomimic, "--proprio-keys", "robot0_eef_pos,nope")
-    assert r.returncode == 1 and "has no 'nope'" in r.stdout
+    assert r.returncode == 4 and "has no 'nope'" in r.stdout
     r = run_main("vla.cli.data", "info", libero, "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)

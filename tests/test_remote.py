@@ -169,9 +169,7 @@ def test_vla_eval_over_the_server_gives_the_in_process_episodes(tiny_checkpoint,
     for where in ("--checkpoint", "--server"):
         source = tiny_checkpoint if where == "--checkpoint" else server.url
         out = tmp_path / f"{where[2:]}.json"
-        r = run_main(
-            "vla.cli.eval", where, source, "--episodes-per-task", 2, "--tasks", "reach,push", "--json", out
-        )
+        r = run_main("vla.cli.eval", where, source, "--episodes-per-task", 2, "--tasks", "reach,push", "--json", out)
         assert r.returncode == 0, r.stderr
         results[where] = json.loads(out.read_text())
     local, remote = results["--checkpoint"], results["--server"]
