@@ -8,7 +8,8 @@ import json
 import pytest
 import torch
 
-from vla.bench import SUBCOMMANDS, main
+from vla.bench import SUBCOMMANDS
+from vla.cli.bench import main
 from vla.data.hdf5_format import demo_meta, demo_names, open_dataset
 
 
