@@ -15,7 +15,7 @@ import envs  # noqa: F401 - registers the tasks
 from vla.checkpoint import load_checkpoint, load_meta
 from vla.cli.train import main as train_main
 from vla.policy.torch_policy import load_policy
-from vla.training.config import OptimConfig
+from vla.training.config import OptimConfig, load_config
 from vla.training.weight_average import WeightAverage
 
 TINY = "configs/tiny.yaml"
@@ -260,7 +260,7 @@ def _rank_with_a_nan_loss(rank: int, data: str, out: str) -> None:
             return {**out, "loss": out["loss"] * float("nan")}
 
         ActionTransformer.forward = poisoned
-    cfg = train_module.load_config(TINY, ["train.steps=4", "train.device=cpu"])
+    cfg = load_config(TINY, ["train.steps=4", "train.device=cpu"])
     try:
         train_module.train(cfg, data, Path(out))
     except train_module.NonFiniteError:
