@@ -120,7 +120,7 @@ def test_vla_data_bug_propagates_but_a_damaged_file_is_one_line(monkeypatch, tmp
 SCRIPTS = {  # console script -> (its module under vla/cli, a flag its --help names, argv argparse refuses)
     "vla-collect": ("collect", "--episodes-per-task", ["--out", "x.hdf5"]),
     "vla-data": ("data", "validate", ["info"]),
-    "vla-train": ("train", "--resume", ["--out", "runs/x", "--nope"]),
+    "vla-train": ("train", "--resume", ["--out", "runs/x", "--train.steps=5"]),  # overrides are KEY=VALUE words
     "vla-eval": ("eval", "--episodes-per-task", ["--episodes-per-task", "many"]),
     "vla-deploy": ("deploy", "--budget-ms", ["--task", "reach"]),
     "vla-export": ("export", "--parity-steps", ["--checkpoint"]),
