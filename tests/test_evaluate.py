@@ -169,3 +169,26 @@ def test_vla_eval_missing_checkpoint(tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "none"), "--episodes-per-task", "1"]) == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
     assert math.isfinite(wilson_interval(3, 7)[0])
+
+
+@pytest.mark.slow
+def test_vla_eval_over_a_lost_server_is_a_safe_stop(tiny_checkpoint, tmp_path):
+    """vla-serve killed mid-evaluation: exit 3 (a safe stop, vla/cli/common.py's table), one line that says why,
+    and no JSON of a half-run evaluation."""
+    import threading
+
+    from tests.conftest import run_main
+    from tests.serving import ServerProcess, wait_until
+
+    out = tmp_path / "eval.json"
+    with ServerProcess(tiny_checkpoint, "--quiet") as server:
+        under_way = lambda: server.health()["steps"] >= 10  # noqa: E731
+        killer = threading.Thread(target=lambda: wait_until(under_way, 60) and server.kill())
+        killer.start()
+        r = run_main("vla.cli.eval", "--server", server.url, "--tasks", "push", "--episodes-per-task", 50,
+                     "--json", out)  # fmt: skip
+        killer.join(60)
+    assert r.returncode == 3, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("vla-eval: safe stop: ") and server.url in last, r.stderr
+    assert not out.exists()

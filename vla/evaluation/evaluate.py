@@ -159,19 +159,19 @@ def evaluate(
 
         policy = DelayedPolicy(policy, **delay)
     outcomes: dict[str, list[dict]] = {}
-    bar = tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr)
-    for task in tasks:
+    with tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr) as bar:
+        for task in tasks:
 
-        def done(eps: list[dict], name: str = task.split("/")[-1]) -> None:
-            bar.update(1)
-            bar.set_postfix_str(f"{name} {np.mean([e['success'] for e in eps]):.0%}")
+            def done(eps: list[dict], name: str = task.split("/")[-1]) -> None:
+                bar.update(1)
+                bar.set_postfix_str(f"{name} {np.mean([e['success'] for e in eps]):.0%}")
 
-        env = policy_env(task, policy.spec)
-        seeds = [seed + i for i in range(episodes)]
-        outcomes[task] = run_task(env, policy, task, seeds, instructions, video_dir, videos_per_task, delay is not None,
-                                  done)  # fmt: skip
-        env.close()
-    bar.close()
+            env = policy_env(task, policy.spec)
+            try:
+                outcomes[task] = run_task(env, policy, task, [seed + i for i in range(episodes)], instructions,
+                                          video_dir, videos_per_task, delay is not None, done)  # fmt: skip
+            finally:
+                env.close()
     result = summarize(outcomes)
     result["episodes_detail"] = {t: [{k: e[k] for k in DETAIL_KEYS} for e in eps] for t, eps in outcomes.items()}
     if delay is not None:
