@@ -1,4 +1,8 @@
-"""MuJoCo tabletop task suite: `import envs` registers the tasks with gymnasium (see README)."""
+"""MuJoCo tabletop task suite: `import envs` registers the tasks with gymnasium (see README).
+
+This module is envs' public API: code outside envs/ (vla/ in particular) imports only what `__all__` lists,
+never envs' submodules, so the scene, the tasks and the rendering can change behind it.
+"""
 
 import os
 
@@ -8,9 +12,18 @@ os.environ.setdefault("MUJOCO_GL", "egl")
 import gymnasium as gym  # noqa: E402
 
 from envs import metaworld as _metaworld  # noqa: E402
+from envs.language import HELD_OUT as HELD_OUT_GRAMMAR  # noqa: E402
+from envs.language import (
+    TRAIN_VOCABULARY,  # noqa: E402
+    paraphrase,  # noqa: E402
+)
+from envs.language import augment as augment_instruction  # noqa: E402
+from envs.language import parse as parse_instruction  # noqa: E402
+from envs.language import task_name as tabletop_task_name  # noqa: E402
 from envs.rendering import RenderingUnavailable  # noqa: E402
-from envs.scene import CONTROL_HZ  # noqa: E402
+from envs.scene import CONTROL_HZ, WORKSPACE_HIGH, WORKSPACE_LOW  # noqa: E402
 from envs.tabletop_env import EXPERT_CLASSES, TASK_CLASSES, TabletopEnv, UnknownTask  # noqa: E402
+from envs.tasks.base import PALETTE  # noqa: E402
 
 _IDS = {"reach": "tabletop/Reach-v0", "push": "tabletop/Push-v0", "pick_place": "tabletop/PickPlace-v0",
         "stack": "tabletop/Stack-v0"}  # fmt: skip
@@ -31,6 +44,19 @@ SUITES: dict[str, list[str]] = _metaworld.register()  # {} without Meta-World
 METAWORLD_TASKS: list[str] = SUITES.get(_metaworld.SUITE, [])  # MT10 (goal in the proprio)
 _EXTERNAL: list[str] = [t for ids in SUITES.values() for t in ids]  # ... and the pixels-only twins
 _EXTERNAL_PREFIXES = (_metaworld.PREFIX, _metaworld.PIXELS_PREFIX)
+
+
+def make_env(task: str, image_size: int = 64, wrist_camera: bool = False, **options) -> gym.Env:
+    """`task`'s env (gymnasium id or short name) rendering `image_size` pixels square; `wrist_camera`: the
+    gripper's camera too (obs["wrist_image"]; a tabletop option, other suites have none). `options`: the rest
+    of a dataset's `env_args["env_kwargs"]`, to rebuild the env it was collected in."""
+    extra = {"wrist_camera": True} if wrist_camera else {}
+    return gym.make(task_id(task), image_size=image_size, **extra, **options)
+
+
+def instruction_for(task: str, rng, **colours: str) -> str:
+    """An instruction for the tabletop task `task` (short name) naming these colour words (block, target, base)."""
+    return TASK_CLASSES[task]().phrase(rng, **colours)
 
 
 def make_expert(env: gym.Env, noise: float = 0.0, seed: int | None = None, perturb: float = 0.0, detour: float = 0.0):
@@ -78,5 +104,13 @@ def expand_tasks(spec: str) -> list[str]:
     return tasks
 
 
-__all__ = ["TASKS", "METAWORLD_TASKS", "SUITES", "CONTROL_HZ", "TabletopEnv", "make_expert", "task_id", "expand_tasks",
-           "RenderingUnavailable", "UnknownTask"]  # fmt: skip
+__all__ = [
+    # tasks and how to build them
+    "TASKS", "METAWORLD_TASKS", "SUITES", "CONTROL_HZ", "TabletopEnv", "make_env", "make_expert", "task_id",
+    "expand_tasks", "check_detour", "WORKSPACE_LOW", "WORKSPACE_HIGH",
+    # instructions: the tabletop grammar (envs/language.py)
+    "PALETTE", "TASK_CLASSES", "instruction_for", "tabletop_task_name", "parse_instruction", "paraphrase",
+    "augment_instruction", "HELD_OUT_GRAMMAR", "TRAIN_VOCABULARY",
+    # errors
+    "RenderingUnavailable", "UnknownTask",
+]  # fmt: skip

@@ -170,7 +170,7 @@ def check_import(py: str, work: Path, steps: int) -> dict:
     for name, data in (("lerobot_dir", root), ("converted_hdf5", h5)):
         out = work / f"train_{name}"
         shutil.rmtree(out, ignore_errors=True)
-        vla(py, "vla.training.train", "--config", "configs/tiny.yaml", "--data", str(data), "--out", str(out),
+        vla(py, "vla.cli.train", "--config", "configs/tiny.yaml", "--data", str(data), "--out", str(out),
             f"train.steps={steps}", "train.threads=1", "train.log_every=5", "data.valid_fraction=0.34")  # fmt: skip
         metrics = [json.loads(ln) for ln in (out / "metrics.jsonl").read_text().splitlines()]
         losses[name] = {
@@ -201,7 +201,7 @@ def main() -> int:
     if data is None:
         data = work / "small.hdf5"
         if not data.exists():
-            vla(args.vla_python, "vla.data.collect", "--tasks", "all", "--episodes-per-task", "2", "--workers", "1",
+            vla(args.vla_python, "vla.cli.collect", "--tasks", "all", "--episodes-per-task", "2", "--workers", "1",
                 "--out", str(data), "--seed", "0", "--quiet")  # fmt: skip
     report = {"lerobot": lerobot.__version__, "export": [check_export(args.vla_python, data, work, c)
                                                          for c in args.codecs.split(",")]}  # fmt: skip

@@ -59,4 +59,4 @@ timed deploy vla-deploy --checkpoint "$RUN" --task tabletop/PickPlace-v0 --hz 20
   --json "$RUN/deploy.json"
 
 stage "summary"
-python -m vla.evaluation.report "$RUN"
+python -m vla.cli.report "$RUN"

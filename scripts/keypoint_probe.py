@@ -19,7 +19,8 @@ import numpy as np
 import torch
 
 from vla.model import ActionTransformer
-from vla.training.train import batches, build_optimizer, load_config, prepare_data, setup_processes, total_loss
+from vla.training.config import load_config
+from vla.training.train import batches, build_optimizer, prepare_data, setup_processes, total_loss
 
 
 def measure(model: ActionTransformer, batch: dict, targets: torch.Tensor) -> dict:

@@ -25,11 +25,11 @@ from pathlib import Path
 
 def train_cmd(data: str, out: Path, config: str, overrides: list[str], resume: bool) -> list[str]:
     if resume:
-        return [sys.executable, "-m", "vla.training.train", "--out", str(out), "--resume"]
+        return [sys.executable, "-m", "vla.cli.train", "--out", str(out), "--resume"]
     return [
         sys.executable,
         "-m",
-        "vla.training.train",
+        "vla.cli.train",
         "--config",
         config,
         "--data",

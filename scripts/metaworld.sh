@@ -72,4 +72,4 @@ for kept in "$RUN"/checkpoints/step_*/KEEP; do
 done
 
 stage "6/6 summary"
-python -m vla.evaluation.report "$RUN"
+python -m vla.cli.report "$RUN"

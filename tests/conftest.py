@@ -20,7 +20,7 @@ os.environ.setdefault("OMP_NUM_THREADS", "1")
 def tiny_dataset(tmp_path_factory):
     """A real dataset: the scripted experts, 4 episodes of every task, collected by vla-collect (in process:
     test_smoke runs it as its own process)."""
-    from vla.data.collect import main as collect_main
+    from vla.cli.collect import main as collect_main
 
     path = tmp_path_factory.mktemp("data") / "tiny.hdf5"
     argv = ["--tasks", "all", "--episodes-per-task", "4", "--workers", "1", "--out", str(path), "--quiet",
@@ -61,7 +61,7 @@ def run_main(module: str, *args) -> subprocess.CompletedProcess:
 @pytest.fixture(scope="session")
 def tiny_checkpoint(tiny_dataset, tmp_path_factory):
     """A real (tiny, briefly trained) checkpoint directory made by vla-train from `tiny_dataset`."""
-    from vla.training.train import main as train_main
+    from vla.cli.train import main as train_main
 
     out = tmp_path_factory.mktemp("ckpt") / "tiny"
     code = train_main(["--config", "configs/tiny.yaml", "--data", str(tiny_dataset), "--out", str(out),

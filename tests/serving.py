@@ -28,10 +28,10 @@ def in_process_chunks(policy, instruction: str, obs: list[dict], **overrides) ->
 
 
 class ServerProcess:
-    """`python -m vla.serve` as its own process (what a GPU box runs): `url`, `kill()` (SIGKILL), `stop()`."""
+    """`python -m vla.cli.serve` as its own process (what a GPU box runs): `url`, `kill()` (SIGKILL), `stop()`."""
 
     def __init__(self, checkpoint, *args, port: int = 0, timeout: float = 180.0):
-        cmd = [sys.executable, "-m", "vla.serve", "--checkpoint", str(checkpoint), "--port", str(port), *args]
+        cmd = [sys.executable, "-m", "vla.cli.serve", "--checkpoint", str(checkpoint), "--port", str(port), *args]
         env = {**os.environ, "OMP_NUM_THREADS": "1"}
         self.proc = subprocess.Popen(cmd, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
         first: list[str] = []

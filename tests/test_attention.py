@@ -3,8 +3,8 @@
 import numpy as np
 import pytest
 
+from vla.cli.eval import main as eval_main
 from vla.evaluation.attention import first_action_attention
-from vla.evaluation.evaluate import main as eval_main
 from vla.policy.torch_policy import load_policy
 
 

@@ -7,7 +7,7 @@ import sys
 import pytest
 import torch
 
-from vla.bench import main
+from vla.cli.bench import main
 
 TINY = [
     "d_model=32",
@@ -79,10 +79,10 @@ def test_bad_input_is_one_clear_error(capsys):
 
 
 def test_module_entry_point_help(monkeypatch, capsys):
-    """`python -m vla.bench latency --help`, its __main__ run in this process (the imports are already paid)."""
+    """`python -m vla.cli.bench latency --help`, its __main__ run in this process (the imports are already paid)."""
     monkeypatch.setattr(sys, "argv", ["vla-bench", "latency", "--help"])
     with pytest.raises(SystemExit) as e:
-        runpy.run_module("vla.bench", run_name="__main__")
+        runpy.run_module("vla.cli.bench", run_name="__main__")
     out = capsys.readouterr().out
     assert e.value.code == 0 and "--json" in out and "--window" in out
 

@@ -7,9 +7,9 @@ from dataclasses import replace
 import pytest
 import torch
 
-from vla.bench import main
 from vla.bench.latency import TABLETOP
 from vla.bench.plan import candidates
+from vla.cli.bench import main
 from vla.model.card import model_card
 
 GRID = ["--window", "2", "--chunk", "1", "--width", "32,64", "--depth", "1", "--steps", "3", "--image-size", "32",

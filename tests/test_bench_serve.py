@@ -6,7 +6,7 @@ import pytest
 import torch
 
 from tests.conftest import run_main
-from vla.bench import main
+from vla.cli.bench import main
 
 
 @pytest.fixture(autouse=True)
@@ -40,5 +40,5 @@ def test_bench_serve_reports_every_part(tiny_checkpoint, tmp_path):
     [(["--clients", "0"], "--clients '0'"), (["--steps", "0"], "--steps must"), (["--seconds", "0"], "--seconds")],
 )
 def test_bench_serve_bad_input_is_one_line(tiny_checkpoint, args, says):
-    r = run_main("vla.bench", "serve", "--checkpoint", tiny_checkpoint, *args)
+    r = run_main("vla.cli.bench", "serve", "--checkpoint", tiny_checkpoint, *args)
     assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr

@@ -14,7 +14,7 @@ import numpy as np
 import pytest
 
 import envs  # noqa: F401 - registers the tasks
-from vla.control import deploy
+from vla.cli import deploy
 from vla.control.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
 from vla.control.robot import Robot, SimRobot
 
@@ -491,9 +491,10 @@ def test_deploy_cli_writes_json_and_histogram(tiny_checkpoint, tmp_path, capsys)
 
 def test_deploy_safe_stop_exits_nonzero(tiny_checkpoint, tmp_path, capsys):
     out = tmp_path / "stop.json"
-    rc = deploy.main(["--checkpoint", str(tiny_checkpoint), "--task", "tabletop/Push-v0", "--seconds", "3", "--async",
+    rc = deploy.main(["--checkpoint", str(tiny_checkpoint), "--task", "tabletop/Push-v0", "--seconds", "3",
+                      "--strategy", "chunk", "--execute", "1",
                       "--json", str(out), "--inject-latency-ms", "80", "--max-consecutive-misses", "3"])  # fmt: skip
-    assert rc == deploy.SAFE_STOP_EXIT
+    assert rc == 3  # a safe stop (vla/cli/common.py's table)
     report = json.loads(out.read_text())
     assert report["safe_stop"] and report["end_reason"] == "safe_stop"
     # It stops on the third miss in a row. A loaded machine can add an isolated miss before those three (a

@@ -114,7 +114,7 @@ def test_corrupt_lerobot_input(lossless, tmp_path, damage, message):
     assert _digest(src) == before  # the source is only read
     assert not dst.exists() and [p.name for p in tmp_path.iterdir()] == ["src"]  # no partial output either
     r = run_main("vla.cli.data", "validate", src)
-    assert r.returncode == 1 and message in r.stdout
+    assert r.returncode == 4 and message in r.stdout
 
 
 def test_truncated_hdf5_input(tiny_dataset, tmp_path):
@@ -144,7 +144,7 @@ def test_robomimic_to_lerobot_keeps_both_cameras(tmp_path):
 
 
 def _train(data, out, *extra):
-    return run_main("vla.training.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
+    return run_main("vla.cli.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
                     "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 

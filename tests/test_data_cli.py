@@ -9,8 +9,8 @@ import h5py
 import numpy as np
 import pytest
 
+from vla.cli.collect import main as collect_main
 from vla.cli.data import main
-from vla.data.collect import main as collect_main
 
 # One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).
 pytestmark = pytest.mark.xdist_group("data_cli")
@@ -67,7 +67,7 @@ def test_validate_exit_codes_and_lines(files, tmp_path, capsys):
         f["data/demo_1/actions"][0, 0] = np.inf
         f["data/demo_3/actions"][1, 2] = -3.0
     rc, out, err = run(capsys, "validate", bad)
-    assert rc == 1
+    assert rc == 4  # validate found problems: a check that did not pass
     lines = out.strip().splitlines()
     assert len(lines) == 2
     assert lines[0].startswith(f"{bad}: demo_1/actions: 1 NaN/Inf")
@@ -130,7 +130,7 @@ def test_replay_detects_a_tampered_demo(files, tmp_path, capsys):
     with h5py.File(bad, "r+") as f:
         f["data/demo_2/actions"][5] = -f["data/demo_2/actions"][5]
     rc, out, err = run(capsys, "replay", bad, "--demo", "2")
-    assert rc == 1 and "does not reproduce" in err
+    assert rc == 4 and "does not reproduce" in err
 
 
 @pytest.mark.parametrize(

@@ -13,15 +13,15 @@ import pytest
 import torch
 
 import envs  # noqa: F401 - registers the tasks
-from vla.bench import main as bench_main
+from vla.cli.bench import main as bench_main
+from vla.cli.eval import main as eval_main
+from vla.cli.train import main as train_main
 from vla.control.delay import DelayedPolicy
 from vla.control.smoothness import smoothness
 from vla.evaluation.evaluate import evaluate
-from vla.evaluation.evaluate import main as eval_main
 from vla.policy.strategies import STRATEGIES, make_strategy
 from vla.policy.torch_policy import load_policy
 from vla.training.delay_prefix import commit_random_prefix
-from vla.training.train import main as train_main
 
 GRIP = 0.5
 

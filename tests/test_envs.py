@@ -31,6 +31,41 @@ def run_expert(env, seed, noise=0.0):
     return expert_episode(env, envs.make_expert(env, noise=noise, seed=seed), seed, render=False)[0]
 
 
+def test_make_env_builds_what_a_policy_or_a_dataset_asks_for():
+    """The one env factory (collection, evaluation, deployment, export parity all build through it)."""
+    env = envs.make_env("reach", image_size=32)
+    obs, _ = env.reset(seed=0)
+    assert env.spec.id == "tabletop/Reach-v0" and obs["image"].shape == (32, 32, 3) and "wrist_image" not in obs
+    env.close()
+    env = envs.make_env("tabletop/Push-v0", 48, wrist_camera=True)
+    obs, _ = env.reset(seed=0)
+    assert obs["image"].shape == obs["wrist_image"].shape == (48, 48, 3)
+    rebuilt = envs.make_env("tabletop/Push-v0", **env.unwrapped.env_args["env_kwargs"])  # from a dataset's env_args
+    assert rebuilt.unwrapped.env_args == env.unwrapped.env_args
+    env.close(), rebuilt.close()
+    with pytest.raises(envs.UnknownTask):
+        envs.make_env("fly")
+
+
+def test_vla_imports_only_the_public_api_of_envs():
+    """Library code reaches envs through `envs/__init__.py` only (its `__all__`), never a submodule."""
+    import ast
+    from pathlib import Path
+
+    reaches = []
+    for path in Path("vla").rglob("*.py"):
+        for node in ast.walk(ast.parse(path.read_text())):
+            if isinstance(node, ast.Import):
+                reaches += [f"{path}: import {a.name}" for a in node.names if a.name.startswith("envs.")]
+            elif isinstance(node, ast.ImportFrom) and node.module and node.module.split(".")[0] == "envs":
+                names = [a.name for a in node.names]
+                if node.module != "envs" or any(n not in envs.__all__ for n in names):
+                    reaches.append(f"{path}: from {node.module} import {', '.join(names)}")
+            elif isinstance(node, ast.Attribute) and isinstance(node.value, ast.Name) and node.value.id == "envs":
+                reaches += [f"{path}:{node.lineno}: envs.{node.attr}"] if node.attr not in envs.__all__ else []
+    assert reaches == []
+
+
 def test_registered_tasks():
     assert envs.TASKS == ["tabletop/Reach-v0", "tabletop/Push-v0", "tabletop/PickPlace-v0", "tabletop/Stack-v0"]
     assert [envs.task_id(n) for n in ("reach", "push", "pick_place", "stack")] == envs.TASKS

@@ -8,7 +8,8 @@ import numpy as np
 import pytest
 
 import envs
-from vla.evaluation.evaluate import EVAL_SEED, format_table, main, summarize, wilson_interval
+from vla.cli.eval import main
+from vla.evaluation.evaluate import EVAL_SEED, format_table, summarize, wilson_interval
 
 
 def wilson_by_roots(k: int, n: int, z: float = 1.96) -> tuple[float, float]:
@@ -115,7 +116,7 @@ def test_vla_eval_parallel_workers_run_the_policy_the_flags_asked_for(tiny_check
     out = tmp_path / "eval.json"
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "2", "--json", str(out),
                  "--tasks", "reach", "--workers", "2", "--device", "cpu", "--no-kv-cache",
-                 "--policy", "readout=argmax", "--policy", "temporal_ensemble=false",
+                 "readout=argmax", "temporal_ensemble=false",
                  "--delay-ticks", "1", "--strategy", "blocking"]) == 0  # fmt: skip
     result = json.loads(out.read_text())
     check_contract(result, ["tabletop/Reach-v0"], 2, seed=EVAL_SEED)  # one episode in each worker
@@ -142,7 +143,7 @@ def test_vla_eval_threads_sets_the_in_process_evaluation_and_gives_the_caller_it
 
 def test_vla_eval_refuses_an_unknown_policy_setting(tiny_checkpoint, capsys):
     assert main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--tasks", "reach",
-                 "--policy", "readot=argmax"]) == 2  # fmt: skip
+                 "readot=argmax"]) == 2  # fmt: skip
     assert "unknown key 'policy.readot'; did you mean 'readout'?" in capsys.readouterr().err
 
 
@@ -168,3 +169,26 @@ def test_vla_eval_missing_checkpoint(tmp_path, capsys):
     assert main(["--checkpoint", str(tmp_path / "none"), "--episodes-per-task", "1"]) == 2
     assert "not a checkpoint directory" in capsys.readouterr().err
     assert math.isfinite(wilson_interval(3, 7)[0])
+
+
+@pytest.mark.slow
+def test_vla_eval_over_a_lost_server_is_a_safe_stop(tiny_checkpoint, tmp_path):
+    """vla-serve killed mid-evaluation: exit 3 (a safe stop, vla/cli/common.py's table), one line that says why,
+    and no JSON of a half-run evaluation."""
+    import threading
+
+    from tests.conftest import run_main
+    from tests.serving import ServerProcess, wait_until
+
+    out = tmp_path / "eval.json"
+    with ServerProcess(tiny_checkpoint, "--quiet") as server:
+        under_way = lambda: server.health()["steps"] >= 10  # noqa: E731
+        killer = threading.Thread(target=lambda: wait_until(under_way, 60) and server.kill())
+        killer.start()
+        r = run_main("vla.cli.eval", "--server", server.url, "--tasks", "push", "--episodes-per-task", 50,
+                     "--json", out)  # fmt: skip
+        killer.join(60)
+    assert r.returncode == 3, r.stderr
+    last = r.stderr.strip().splitlines()[-1]
+    assert last.startswith("vla-eval: safe stop: ") and server.url in last, r.stderr
+    assert not out.exists()

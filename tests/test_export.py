@@ -83,9 +83,7 @@ def cli_export(tiny_checkpoint, tmp_path_factory):
     """vla-export of the tiny checkpoint, run as its own process (the one real run of that console script);
     the tests that use it only read it."""
     out = tmp_path_factory.mktemp("export") / "export"
-    result = run_cli(
-        "vla.export.graphs", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8"
-    )
+    result = run_cli("vla.cli.export", "--checkpoint", tiny_checkpoint, "--out", out, "--parity-steps", "5", "--int8")
     return result, out
 
 
@@ -184,7 +182,7 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export
     for backend, checkpoint, workers in (("torch", tiny_checkpoint, 1), ("onnxruntime", export, 1),
                                          ("onnxruntime", export, 2), ("onnxruntime-int8", export, 1)):  # fmt: skip
         out = tmp_path / f"eval_{backend}_{workers}.json"
-        r = run_main("vla.evaluation.evaluate",
+        r = run_main("vla.cli.eval",
                      "--checkpoint", checkpoint, "--episodes-per-task", 2, "--tasks", "reach",
                      "--workers", workers, "--json", out, "--backend", backend)  # fmt: skip
         assert r.returncode == 0, r.stderr
@@ -197,7 +195,7 @@ def test_eval_and_deploy_run_the_onnxruntime_backend(tiny_checkpoint, cli_export
     assert details["onnxruntime", 2] == details["onnxruntime", 1]
     assert len(details["onnxruntime-int8", 1]) == 2
     report = tmp_path / "deploy.json"
-    r = run_main("vla.control.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
+    r = run_main("vla.cli.deploy", "--checkpoint", export, "--task", "reach", "--seconds", 1, "--json", report,
                  "--backend", "onnxruntime", "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
     summary = json.loads(report.read_text())

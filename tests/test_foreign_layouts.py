@@ -72,7 +72,7 @@ def test_validate_and_info_cli_take_the_key_mapping(robomimic, libero):
     assert r.returncode == 0, r.stdout + r.stderr
     assert "valid (4 demos, 48 steps, robomimic layout)" in r.stdout
     r = run_main("vla.cli.data", "validate", robomimic, "--proprio-keys", "robot0_eef_pos,nope")
-    assert r.returncode == 1 and "has no 'nope'" in r.stdout
+    assert r.returncode == 4 and "has no 'nope'" in r.stdout
     r = run_main("vla.cli.data", "info", libero, "--json")
     assert r.returncode == 0, r.stderr
     s = json.loads(r.stdout)
@@ -89,7 +89,7 @@ def test_empty_split_override_means_all():
 
 
 def _train(data, out, *extra):
-    return run_main("vla.training.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
+    return run_main("vla.cli.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
                     "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 

@@ -13,9 +13,9 @@ import envs
 from envs import language
 from envs.tabletop_env import INSTRUCTION_CHARSET, TASK_CLASSES
 from envs.tasks.base import PALETTE
+from vla.cli.eval import main as eval_main
 from vla.data.hdf5_format import ObsKeys
 from vla.data.windows import EpochSampler, WindowDataset, fit_tokenizers
-from vla.evaluation.evaluate import main as eval_main
 from vla.tokenizers.text import pieces
 
 COLOURS = {"reach": {"block": "red"}, "push": {"block": "green", "target": "purple"},

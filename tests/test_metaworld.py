@@ -132,11 +132,11 @@ def test_without_the_package_import_envs_still_works_and_the_ids_are_absent():
 
 @pytest.mark.slow
 def test_collect_train_and_evaluate_a_metaworld_task(tmp_path):
-    from vla.data.collect import main as collect_main
+    from vla.cli.collect import main as collect_main
+    from vla.cli.train import main as train_main
     from vla.data.hdf5_format import demo_meta, demo_names, open_dataset, read_env_args
     from vla.evaluation.evaluate import add_expert_rates, format_table, run_episode, summarize
     from vla.policy.torch_policy import load_policy
-    from vla.training.train import main as train_main
 
     data = tmp_path / "mw.hdf5"
     argv = ["--tasks", REACH, "--episodes-per-task", "1", "--workers", "1", "--out", str(data), "--quiet"]

@@ -142,7 +142,7 @@ def test_a_server_killed_mid_episode_ends_in_the_safe_stop_and_a_restarted_one_s
         killer = threading.Thread(target=lambda: wait_until(started, 60) and second.kill())
         killer.start()
         report = tmp_path / "deploy.json"
-        r = run_main("vla.control.deploy",
+        r = run_main("vla.cli.deploy",
                      "--server", second.url, "--task", "push", "--seconds", 20, "--strategy", "chunk",
                      "--max-consecutive-misses", 3, "--json", report, "--quiet")  # fmt: skip
         killer.join(60)
@@ -169,9 +169,7 @@ def test_vla_eval_over_the_server_gives_the_in_process_episodes(tiny_checkpoint,
     for where in ("--checkpoint", "--server"):
         source = tiny_checkpoint if where == "--checkpoint" else server.url
         out = tmp_path / f"{where[2:]}.json"
-        r = run_main(
-            "vla.evaluation.evaluate", where, source, "--episodes-per-task", 2, "--tasks", "reach,push", "--json", out
-        )
+        r = run_main("vla.cli.eval", where, source, "--episodes-per-task", 2, "--tasks", "reach,push", "--json", out)
         assert r.returncode == 0, r.stderr
         results[where] = json.loads(out.read_text())
     local, remote = results["--checkpoint"], results["--server"]
@@ -189,7 +187,7 @@ def test_the_strategies_run_unchanged_against_the_server(tiny_checkpoint, server
     for where in ("--checkpoint", "--server"):
         source = tiny_checkpoint if where == "--checkpoint" else server.url
         out = tmp_path / f"{where[2:]}.json"
-        r = run_main("vla.evaluation.evaluate",
+        r = run_main("vla.cli.eval",
                      where, source, "--episodes-per-task", 1, "--tasks", "push", "--json", out,
                      "--delay-ticks", 2, "--strategy", strategy)  # fmt: skip
         assert r.returncode == 0, r.stderr
@@ -200,7 +198,7 @@ def test_the_strategies_run_unchanged_against_the_server(tiny_checkpoint, server
 
 def test_vla_deploy_over_the_server_and_its_flags(tiny_checkpoint, server, tmp_path):
     report = tmp_path / "deploy.json"
-    r = run_main("vla.control.deploy",
+    r = run_main("vla.cli.deploy",
                  "--server", server.url, "--task", "reach", "--seconds", 1, "--strategy", "ensemble",
                  "--json", report, "--quiet")  # fmt: skip
     assert r.returncode == 0, r.stderr
@@ -213,7 +211,7 @@ def test_vla_deploy_over_the_server_and_its_flags(tiny_checkpoint, server, tmp_p
         ([], "give one of --checkpoint"),
         (["--server", "ws://127.0.0.1:1"], "cannot reach the policy server"),
     ]:
-        r = run_main("vla.control.deploy", *args, "--task", "reach", "--json", tmp_path / "x.json")
+        r = run_main("vla.cli.deploy", *args, "--task", "reach", "--json", tmp_path / "x.json")
         assert r.returncode == 2 and r.stderr.count("\n") == 1 and says in r.stderr, r.stderr
-    r = run_main("vla.evaluation.evaluate", "--server", server.url, "--attention", tmp_path)
+    r = run_main("vla.cli.eval", "--server", server.url, "--attention", tmp_path)
     assert r.returncode == 2 and "--attention: with --server the server runs the policy" in r.stderr, r.stderr

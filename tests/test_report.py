@@ -2,7 +2,8 @@
 
 import json
 
-from vla.evaluation.report import main, summary
+from vla.cli.report import main
+from vla.evaluation.report import summary
 
 
 def test_summary_of_a_run_directory(tmp_path):

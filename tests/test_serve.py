@@ -2,7 +2,7 @@
 
 Real sockets on 127.0.0.1 and a real (tiny, briefly trained) checkpoint. Most tests run the server in a
 thread of this process (`ServerThread`); the ones about the command itself, and openpi-client driving it,
-run `python -m vla.serve` as its own process."""
+run `python -m vla.cli.serve` as its own process."""
 
 from __future__ import annotations
 
@@ -410,18 +410,18 @@ def test_past_max_clients_the_handshake_is_refused(policy):
 
 
 def test_vla_serve_help_and_one_line_errors(tiny_checkpoint):
-    r = subprocess.run([sys.executable, "-m", "vla.serve", "--help"], capture_output=True, text=True, timeout=60)
+    r = subprocess.run([sys.executable, "-m", "vla.cli.serve", "--help"], capture_output=True, text=True, timeout=60)
     assert r.returncode == 0 and "usage: vla-serve" in r.stdout and "--token" in r.stdout and "api_key" in r.stdout
-    assert 'vla-serve = "vla.serve:main"' in Path("pyproject.toml").read_text()  # the console script
+    assert 'vla-serve = "vla.cli.serve:main"' in Path("pyproject.toml").read_text()  # the console script
     for args, says in [
         (["--checkpoint", "/nonexistent/ckpt"], "not a checkpoint directory"),
         (["--checkpoint", tiny_checkpoint, "--port", "70000"], "--port must be in 0..65535"),
         (["--checkpoint", tiny_checkpoint, "--backend", "onnxruntime"], "no ONNX export"),
-        (["--checkpoint", tiny_checkpoint, "--policy", "temporal_ensembel=false"], "temporal_ensemble"),
+        (["--checkpoint", tiny_checkpoint, "temporal_ensembel=false"], "temporal_ensemble"),
     ]:
-        r = run_main("vla.serve", *args)
+        r = run_main("vla.cli.serve", *args)
         assert r.returncode == 2 and r.stderr.startswith("vla-serve: error: ") and r.stderr.count("\n") == 1, r.stderr
         assert says in r.stderr, r.stderr
-    r = run_main("vla.serve", "--port", "8000")  # argparse: the usage, then one error line
-    assert r.returncode == 2 and r.stderr.splitlines()[-1].startswith("vla-serve: error: "), r.stderr
-    assert "--checkpoint" in r.stderr.splitlines()[-1]
+    r = run_main("vla.cli.serve", "--port", "8000")  # argparse's own error: one line too
+    assert r.returncode == 2 and r.stderr.count("\n") == 1 and r.stderr.startswith("vla-serve: error: "), r.stderr
+    assert "--checkpoint" in r.stderr and "(see vla-serve --help)" in r.stderr

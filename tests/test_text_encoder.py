@@ -22,6 +22,7 @@ from safetensors.torch import load_file
 import envs  # noqa: F401 - registers the tasks
 from tests.conftest import run_main
 from vla.checkpoint import load_meta
+from vla.cli.train import main as train_main
 from vla.config import ConfigError
 from vla.data.sources import open_source
 from vla.export.graphs import ExportError, check_exportable
@@ -31,7 +32,6 @@ from vla.policy.torch_policy import load_policy
 from vla.training.config import load_config
 from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step
-from vla.training.train import main as train_main
 
 TINY = "configs/tiny.yaml"
 SPECIAL = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
@@ -242,9 +242,7 @@ def test_loading_against_a_changed_encoder_is_refused_in_one_line(run, encoder, 
         message = str(e.value)
         assert "\n" not in message and str(encoder.resolve()) in message, message
         assert recorded in message and changed in message, message
-        result = run_main(
-            "vla.evaluation.evaluate", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json"
-        )
+        result = run_main("vla.cli.eval", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json")
         err = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(err) == 1 and recorded in err[0] and changed in err[0], result.stderr
         assert not (tmp_path / "e.json").exists()

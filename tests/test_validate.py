@@ -9,7 +9,7 @@ import h5py
 import numpy as np
 import pytest
 
-from vla.data.collect import main as collect_main
+from vla.cli.collect import main as collect_main
 from vla.data.validate import validate
 
 # One worker builds the module-scoped datasets once (pytest-xdist --dist loadgroup).

@@ -23,6 +23,7 @@ from tests.conftest import run_main
 from tests.test_model import dims, make_batch, make_model, stream_vs_recompute
 from tests.test_text_encoder import restorable
 from vla.checkpoint import load_meta
+from vla.cli.train import main as train_main
 from vla.config import ConfigError
 from vla.export.graphs import ExportError, check_exportable
 from vla.model import ActionTransformer
@@ -31,7 +32,6 @@ from vla.policy.torch_policy import load_policy
 from vla.training.config import load_config
 from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step
-from vla.training.train import main as train_main
 
 TINY = "configs/tiny.yaml"
 CONV = "model.patch_embed=conv"  # tiny.yaml's linear patches have no stem to replace
@@ -298,14 +298,12 @@ def test_loading_or_resuming_against_a_changed_encoder_is_refused_in_one_line(wh
             load_policy(run, device="cpu")
         message = one_line(e)
         assert str(encoder.resolve()) in message and recorded in message and changed in message, message
-        result = run_main(
-            "vla.evaluation.evaluate", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json"
-        )
+        result = run_main("vla.cli.eval", "--checkpoint", run, "--episodes-per-task", 1, "--json", tmp_path / "e.json")
         err = result.stderr.strip().splitlines()
         assert result.returncode == 2 and len(err) == 1 and recorded in err[0] and changed in err[0], result.stderr
         resumed = tmp_path / "resumed"
         shutil.copytree(run, resumed, symlinks=True)
-        result = run_main("vla.training.train", "--out", resumed, "--resume", "train.steps=8")
+        result = run_main("vla.cli.train", "--out", resumed, "--resume", "train.steps=8")
         err = [line for line in result.stderr.splitlines() if line.startswith("vla-train: error:")]
         assert result.returncode == 2 and len(err) == 1 and changed in err[0], result.stderr
     finally:
@@ -341,7 +339,7 @@ def test_resume_with_a_vision_encoder_continues_the_run(trainable_run, tmp_path)
 
 
 def test_vla_export_refuses_a_vision_encoder_in_one_line(frozen_run, tmp_path):
-    result = run_main("vla.export.graphs", "--checkpoint", frozen_run, "--out", tmp_path / "x", "--parity-steps", 0)
+    result = run_main("vla.cli.export", "--checkpoint", frozen_run, "--out", tmp_path / "x", "--parity-steps", 0)
     err = result.stderr.strip().splitlines()
     assert result.returncode == 2 and len(err) == 1, result.stderr
     assert "model.vision_encoder=" in err[0] and "torch backend" in err[0], err

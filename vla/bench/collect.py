@@ -21,9 +21,7 @@ import time
 from pathlib import Path
 from typing import Any
 
-os.environ.setdefault("MUJOCO_GL", "egl")
-
-from vla.errors import UserError  # noqa: E402
+from vla.errors import UserError
 
 
 def add_arguments(parser: argparse.ArgumentParser) -> None:
@@ -48,16 +46,14 @@ def _collect(tasks: str, n: int, workers: int, image_size: int, seed: int, out: 
     """One `vla-collect` run; end-to-end rates plus the steady state (workers up, no start-up/merge)."""
     import contextlib
 
-    from vla.data.collect import Collector, build_parser, resolve_tasks
+    from vla.data.collect import Collector, CollectRequest, resolve_tasks
 
-    argv = ["--tasks", tasks, "--episodes-per-task", str(n), "--workers", str(workers), "--out", str(out)]
-    argv += ["--seed", str(seed), "--image-size", str(image_size), "--quiet", "--merge-every", "1e9"]
-    args = build_parser().parse_args(argv)
-    collector = Collector(args, resolve_tasks(tasks))
+    request = CollectRequest(out, n, seed=seed, workers=workers, image_size=image_size, quiet=True, merge_every=1e9)
+    collector = Collector(request, resolve_tasks(tasks))
     with open(os.devnull, "w") as null, contextlib.redirect_stdout(null):
         rc = collector.run()
     if rc != 0:
-        raise UserError(f"vla-collect {' '.join(argv)} exited with {rc}")
+        raise UserError(f"the collection of {n} episodes per task ({tasks}) into {out} exited with {rc}")
     t = collector.timing
     episodes = sum(st.done for st in collector.state.values())
     steady = _rates(t["episodes_s"], episodes, collector.steps)
@@ -86,7 +82,7 @@ def _in_process(jobs, image_size: int, env_args: dict, write_dir: Path) -> tuple
     import contextlib
 
     import envs
-    from vla.data.collect import make_env, rollout
+    from vla.data.collect_worker import make_env, rollout
     from vla.data.hdf5_format import open_dataset, write_dataset, write_episode_file
 
     for task, _ in jobs:  # build (and warm up) every env outside the timed region
@@ -112,7 +108,7 @@ def _in_process(jobs, image_size: int, env_args: dict, write_dir: Path) -> tuple
 def _raw_peer(task: str, image_size: int, steps: int) -> dict[str, float]:
     import mujoco
 
-    from vla.data.collect import make_env
+    from vla.data.collect_worker import make_env
 
     env = make_env(task, image_size)
     env.reset(seed=0)

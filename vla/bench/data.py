@@ -34,11 +34,12 @@ def add_arguments(p) -> None:
 def _ensure_data(path: Path) -> Path:
     if path.exists():
         return path
-    from vla.data.collect import main as collect
+    import envs
+    from vla.data.collect import Collector, CollectRequest
 
     out = Path(tempfile.mkdtemp()) / "bench.hdf5"
     print(f"{path} not found: collecting a small dataset into {out}")
-    if collect(["--tasks", "all", "--episodes-per-task", "10", "--out", str(out), "--quiet"]) != 0:
+    if Collector(CollectRequest(out, episodes_per_task=10, quiet=True), list(envs.TASKS)).run() != 0:
         raise UserError(f"{path} not found, and collecting a small dataset into {out} failed")
     return out
 

@@ -58,7 +58,6 @@ def parse_list(text: str, what: str, cast=str) -> list:
 
 
 def run(args) -> dict:
-    import os
 
     from tqdm import tqdm
 
@@ -67,7 +66,6 @@ def run(args) -> dict:
     from vla.evaluation.evaluate import EVAL_SEED, delay_options
     from vla.policy.torch_policy import load_policy
 
-    os.environ.setdefault("MUJOCO_GL", "egl")
     delays = parse_list(args.delays, "delays", int)
     if args.episodes_per_task < 1 or args.workers < 1:
         raise UserError(f"--episodes-per-task and --workers must be >= 1, got {args.episodes_per_task}, {args.workers}")

@@ -37,7 +37,6 @@ episode long enough for the window to slide several times.
 
 from __future__ import annotations
 
-import inspect
 import os
 import platform
 import tempfile
@@ -48,18 +47,29 @@ from pathlib import Path
 import numpy as np
 import torch
 
+from vla.bench.step_methods import (
+    HFGPT2,
+    Recompute,
+    Streaming,
+    SyntheticEpisode,
+    matmul_peak,
+    ms_summary,
+    onnx_methods,
+    sync,
+    time_interleaved,
+)
 from vla.cli import common as cli
 from vla.config import apply_overrides, from_dict, load_yaml
 from vla.errors import UserError
 from vla.model import ActionTransformer, DataSpec, ModelConfig, TokenLayout
 from vla.model.card import model_card
+from vla.policy.config import BACKENDS
 
 # The data of our tabletop tasks: 64x64 frames, 9 proprio values, 4 action dims, the named block's and its
 # goal's positions as auxiliary targets (6); the vocabulary size does not change the step's cost.
 TABLETOP = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=64, n_cameras=1, aux_dim=6)
 # How a streaming step can run: torch eager (`ActionTransformer.step`), and the exported step graph
 # (vla/export/graphs.py) on onnxruntime in fp32 and dynamically quantized to int8.
-BACKENDS = ("torch", "onnxruntime", "onnxruntime-int8")
 
 
 def add_backend_argument(p) -> None:
@@ -89,24 +99,6 @@ def parse_backends(text: str) -> list[str]:
     if bad or not names:
         raise UserError(f"--backend {text!r}: choose from {', '.join(BACKENDS)} (comma-separated)")
     return list(dict.fromkeys(names))  # in the given order, once each
-
-
-def matmul_peak(device: torch.device, seconds: float = 1.0, n: int = 1024) -> float:
-    """Best fp32 matmul rate (FLOP/s) over repeated n x n products at the current thread count: the
-    arithmetic ceiling the FLOP limit divides by."""
-    n = 4096 if device.type == "cuda" else n
-    a, b = torch.randn(n, n, device=device), torch.randn(n, n, device=device)
-    for _ in range(3):
-        a @ b
-    _sync(device)
-    best, end = 0.0, time.perf_counter() + seconds
-    while best == 0.0 or time.perf_counter() < end:  # at least one timed round
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        _sync(device)
-        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0))
-    return best
 
 
 def add_arguments(p) -> None:
@@ -142,165 +134,7 @@ def build_config(args) -> ModelConfig:
     return apply_overrides(cfg, list(args.overrides)) if args.overrides else cfg
 
 
-def _sync(device: torch.device) -> None:
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-
-
-def _stats(samples: list[float]) -> dict:
-    a = np.asarray(samples) * 1e3
-    return {
-        "p50": float(np.percentile(a, 50)),
-        "p99": float(np.percentile(a, 99)),
-        "mean": float(a.mean()),
-        "min": float(a.min()),
-    }
-
-
-class _Episode:
-    """Random inputs for one episode (batch 1): the same for every method."""
-
-    def __init__(self, lay: TokenLayout, n_steps: int, device: torch.device, seed: int):
-        g = torch.Generator().manual_seed(seed)
-        cfg, spec = lay.cfg, lay.spec
-        n_words = max(2, cfg.instruction_len * 2 // 3)
-        instr = torch.zeros(1, cfg.instruction_len, dtype=torch.long)
-        instr[0, 0] = 1  # <bos>
-        instr[0, 1:n_words] = torch.randint(2, spec.vocab_size, (n_words - 1,), generator=g)
-        self.instruction = instr.to(device)  # (1, L), padded tail
-        shape = (1, n_steps, spec.n_cameras, spec.image_size, spec.image_size, 3)
-        self.image = torch.randint(0, 256, shape, dtype=torch.uint8, generator=g).to(device)  # (1, E, C, H, W, 3)
-        self.proprio = torch.randn(1, n_steps, spec.proprio_dim, generator=g).to(device)  # (1, E, P)
-        self.timestep = torch.arange(n_steps, device=device)[None]  # (1, E)
-        self.n_steps = n_steps
-
-
-class _Streaming:
-    """Our model with its ring-buffer KV cache: one `step` per control step."""
-
-    def __init__(self, model, ep: _Episode, device):
-        self.model, self.ep = model, ep
-        self.cache = model.new_cache(1, device)
-        model.start(self.cache, ep.instruction)
-        self.tokens: list[torch.Tensor] = []  # decoded (1, chunk*A) per step, for recompute's past actions
-        self.logits: list[torch.Tensor] = []  # (1, chunk*A, bins) per step, for the other backends' difference
-
-    def __call__(self, t: int) -> None:
-        ep = self.ep
-        out = self.model.step(self.cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t])
-        self.tokens.append(out.tokens)
-        self.logits.append(out.logits)
-
-
-def export_step_graphs(model: ActionTransformer, instruction: torch.Tensor, out: Path, int8: bool = True) -> float:
-    """prefix.onnx, mask.onnx, step.onnx (and with `int8` step.int8.onnx) of a model: vla-export's graphs,
-    without a checkpoint's tokenizers; returns the seconds it took. Raises vla.export.graphs.ExportError for what
-    cannot be exported."""
-    import copy
-
-    from vla.export.graphs import check_exportable, export_graphs, quantize_step
-
-    model = copy.deepcopy(model).float().cpu().eval()
-    check_exportable(model)
-    t0 = time.perf_counter()
-    export_graphs(model, instruction.cpu(), out)
-    if int8:
-        quantize_step(out)
-    return time.perf_counter() - t0
-
-
-class _OnnxStreaming:
-    """The exported graphs on onnxruntime (fp32 or int8) through `OnnxStreamer`, the runtime
-    `load_policy(..., backend="onnxruntime")` steps with. Inputs are numpy arrays prepared outside the timer."""
-
-    def __init__(self, export_dir: Path, model, ep: _Episode, threads: int, int8: bool):
-        from vla.export.graphs import GRAPH_FILES
-        from vla.policy.onnx_policy import OnnxStreamer
-
-        ring = (model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step)
-        self.streamer = OnnxStreamer(export_dir, GRAPH_FILES, ring, threads, int8)
-        self.streamer.start(ep.instruction.cpu().numpy())
-        self.image = ep.image.cpu().numpy()  # (1, E, C, H, W, 3)
-        self.proprio = ep.proprio.cpu().numpy().astype(np.float32)  # (1, E, P)
-        self.logits: list[np.ndarray] = []  # (1, chunk*A, bins) per step
-
-    def __call__(self, t: int) -> None:
-        self.logits.append(self.streamer.step(self.image[:, t], self.proprio[:, t], np.array([t], np.int64)))
-
-
-class _Recompute:
-    """The same window from scratch, no cache (what an uncached policy does every step)."""
-
-    def __init__(self, model, ep: _Episode, streaming: _Streaming):
-        self.model, self.ep, self.streaming = model, ep, streaming
-
-    def __call__(self, t: int) -> None:
-        ep, lo = self.ep, max(0, t - self.model.cfg.window + 1)
-        past = self.streaming.tokens[lo : t + 1]  # (1, chunk*A) each; read under causal_scope="stream"
-        self.model.recompute(
-            ep.instruction,
-            ep.image[:, lo : t + 1],  # (1, K, C, H, W, 3)
-            ep.proprio[:, lo : t + 1],
-            ep.timestep[:, lo : t + 1],
-            actions=torch.stack(past, dim=1) if len(past) == t + 1 - lo else None,
-        )
-
-
-class _HFGPT2:
-    """transformers' GPT2LMHeadModel of the same size with its own KV cache (random weights)."""
-
-    def __init__(self, lay: TokenLayout, n_steps: int, device, seed: int, one_pass: bool):
-        import transformers
-        from transformers import GPT2Config, GPT2LMHeadModel
-
-        transformers.logging.set_verbosity_error()
-        torch.manual_seed(seed)
-        cfg = lay.cfg
-        gcfg = GPT2Config(
-            vocab_size=cfg.action_bins,
-            n_positions=max(1024, lay.n_tokens),
-            n_embd=cfg.d_model,
-            n_layer=cfg.n_layer,
-            n_head=cfg.n_head,
-            n_inner=cfg.d_ff,
-            resid_pdrop=0.0,
-            embd_pdrop=0.0,
-            attn_pdrop=0.0,
-            bos_token_id=None,
-            eos_token_id=None,
-        )
-        gcfg._attn_implementation = "sdpa"
-        self.gpt = GPT2LMHeadModel(gcfg).to(device).eval()
-        self.version = transformers.__version__
-        S, self.S, self.CA = lay.tokens_per_step, lay.tokens_per_step, lay.n_action_tokens
-        # token at a time (as a language model decodes): observation tokens + the previous token in one
-        # call, then one call per further action token; one_pass: the whole step in one call
-        self.first = S if one_pass else lay.n_obs_tokens + 1
-        g = torch.Generator().manual_seed(seed)
-        self.obs = torch.randn(n_steps, 1, self.first, cfg.d_model, generator=g).to(device)  # (E, 1, first, d)
-        prefix = torch.randn(1, lay.n_tokens - S, cfg.d_model, generator=g).to(device)  # instruction + K-1 steps
-        # transformers >= 5.2x names the cache argument `cache`; earlier versions `past_key_values`
-        self.key = "cache" if "cache" in inspect.signature(self.gpt.forward).parameters else "past_key_values"
-        with torch.inference_mode():
-            out = self.gpt(inputs_embeds=prefix, use_cache=True)
-        self.pkv = out[self.key] if self.key in out else out["past_key_values"]
-
-    @torch.inference_mode()
-    def __call__(self, t: int) -> None:
-        gpt, kw = self.gpt, {self.key: self.pkv}
-        out = gpt(inputs_embeds=self.obs[t], use_cache=True, **kw)
-        tok = out.logits[:, -1].argmax(-1)  # (1,)
-        if self.first < self.S:
-            for _ in range(self.CA - 1):
-                out = gpt(inputs_embeds=gpt.transformer.wte(tok)[:, None], use_cache=True, **kw)  # (1, 1, d) in
-                tok = out.logits[:, -1].argmax(-1)
-
-    def after(self) -> None:
-        """Untimed: drop the step's tokens again so the cache stays at the window's length."""
-        self.pkv.crop(-self.S)  # negative = number of tokens to remove (transformers 4.x and 5.x)
-
-
-def _equivalence(model, ep: _Episode, device) -> tuple[float, bool]:
+def _equivalence(model, ep: SyntheticEpisode, device) -> tuple[float, bool]:
     """Max |streaming - recompute| logit difference and whether every decoded token matches."""
     K = model.cfg.window
     cache = model.new_cache(1, device)
@@ -328,47 +162,11 @@ def _time_roll(lay: TokenLayout, device, n: int = 200) -> list[float]:
     kv = torch.zeros(cfg.n_layer, 2, 1, cfg.n_head, lay.n_tokens, cfg.d_model // cfg.n_head, device=device)
     times = []
     for _ in range(n):
-        _sync(device)
+        sync(device)
         t0 = time.perf_counter()
         kv[..., L:, :] = torch.roll(kv[..., L:, :], -S, dims=-2)
-        _sync(device)
+        sync(device)
         times.append(time.perf_counter() - t0)
-    return times
-
-
-def onnx_methods(model, ep: _Episode, backends: list[str], threads: int, device, workdir: Path):
-    """The requested onnxruntime backends as timed methods, and why any of them cannot run here."""
-    wanted = [b for b in backends if b != "torch"]
-    if not wanted:
-        return {}, {}, None
-    try:
-        import onnxruntime  # noqa: F401 - the `export` extra
-    except ImportError as e:
-        return {}, {b: f"onnxruntime is not importable ({e}); install the `export` extra" for b in wanted}, None
-    from vla.export.graphs import ExportError
-
-    try:
-        seconds = export_step_graphs(model, ep.instruction, workdir, int8="onnxruntime-int8" in wanted)
-    except ExportError as e:
-        return {}, {b: f"not exportable: {e}" for b in wanted}, None
-    methods = {b: _OnnxStreaming(workdir, model, ep, threads, b.endswith("int8")) for b in wanted}
-    return methods, {}, seconds
-
-
-def time_interleaved(methods: dict, n_steps: int, warmup: int, device) -> dict[str, list[float]]:
-    """Seconds per step of each method after `warmup` steps; the methods take turns step by step, so a
-    change in machine load hits them alike."""
-    times = {name: [] for name in methods}
-    for t in range(n_steps):
-        for name, method in methods.items():
-            _sync(device)
-            t0 = time.perf_counter()
-            method(t)
-            _sync(device)
-            if t >= warmup:
-                times[name].append(time.perf_counter() - t0)
-            if hasattr(method, "after"):
-                method.after()
     return times
 
 
@@ -384,39 +182,39 @@ def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
     torch.manual_seed(args.seed)
     model = ActionTransformer(cfg, TABLETOP).to(device).for_inference()  # as load_policy builds it
     lay = model.layout
-    ep = _Episode(lay, warmup + args.steps, device, args.seed)
-    streaming = _Streaming(model, ep, device)
-    methods = {"streaming": streaming, "recompute": _Recompute(model, ep, streaming)}
+    ep = SyntheticEpisode(lay, warmup + args.steps, device, args.seed)
+    streaming = Streaming(model, ep, device)
+    methods = {"streaming": streaming, "recompute": Recompute(model, ep, streaming)}
     hf_reason = None
     try:
-        methods["hf_gpt2"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=False)
+        methods["hf_gpt2"] = HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=False)
         if cfg.action_decoding == "parallel":  # GPT-2 given our parallel slots: same single pass
-            methods["hf_gpt2_one_pass"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
+            methods["hf_gpt2_one_pass"] = HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
     except ImportError as e:  # an optional extra: `pip install -e .[bench]`
         hf_reason = f"transformers is not importable ({e}); install the `bench` extra"
     with tempfile.TemporaryDirectory(prefix="vla-bench-onnx-") as tmp:
         onnx, reasons, export_s = onnx_methods(model, ep, backends, torch.get_num_threads(), device, Path(tmp))
         times = time_interleaved({**methods, **onnx}, warmup + args.steps, warmup, device)
     n_eq = args.equivalence_steps if args.equivalence_steps is not None else 5 * K
-    diff, same = _equivalence(model, _Episode(lay, n_eq, device, args.seed + 1), device)
+    diff, same = _equivalence(model, SyntheticEpisode(lay, n_eq, device, args.seed + 1), device)
     res = {
-        "streaming_ms": _stats(times["streaming"]),
-        "recompute_ms": _stats(times["recompute"]),
-        "hf_gpt2_ms": _stats(times["hf_gpt2"]) if "hf_gpt2" in times else None,
+        "streaming_ms": ms_summary(times["streaming"]),
+        "recompute_ms": ms_summary(times["recompute"]),
+        "hf_gpt2_ms": ms_summary(times["hf_gpt2"]) if "hf_gpt2" in times else None,
         "max_abs_diff": diff,
         "tokens_identical": same,
         "equivalence_steps": n_eq,
         "forward_passes_per_step": lay.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
         # the streaming step per backend ("torch" is `streaming_ms`); null with a reason where it cannot run
         "backends_ms": {
-            b: _stats(times["streaming" if b == "torch" else b]) if b not in reasons else None for b in backends
+            b: ms_summary(times["streaming" if b == "torch" else b]) if b not in reasons else None for b in backends
         },  # fmt: skip
         "backend_reasons": reasons,
         "backend_max_abs_logit_diff": {b: logit_difference(streaming.logits, m.logits) for b, m in onnx.items()},
         "export_seconds": export_s,
     }
     if "hf_gpt2_one_pass" in times:
-        res["hf_gpt2_one_pass_ms"] = _stats(times["hf_gpt2_one_pass"])
+        res["hf_gpt2_one_pass_ms"] = ms_summary(times["hf_gpt2_one_pass"])
     if hf_reason:
         res["hf_gpt2_reason"] = hf_reason
     else:
@@ -491,7 +289,7 @@ def run(args) -> dict:
         "matmul_peak_flops_per_s": peak,
         "matmul_peak_before_after": [peak_before, peak_after],
         "by_decoding": by_mode,
-        "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": _stats(_time_roll(lay, device))},
+        "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": ms_summary(_time_roll(lay, device))},
         "config": asdict(replace(cfg, action_decoding=primary)),
         "data_spec": asdict(TABLETOP),
         "tokens_per_step": lay.tokens_per_step,

@@ -25,17 +25,12 @@ from tqdm import tqdm
 
 from vla.bench.latency import (
     TABLETOP,
-    _Episode,
-    _stats,
-    _Streaming,
     add_backend_argument,
     add_peak_argument,
     check_peak_seconds,
-    matmul_peak,
-    onnx_methods,
     parse_backends,
-    time_interleaved,
 )
+from vla.bench.step_methods import Streaming, SyntheticEpisode, matmul_peak, ms_summary, onnx_methods, time_interleaved
 from vla.cli import common as cli
 from vla.errors import UserError
 from vla.model import ActionTransformer, ModelConfig, TokenLayout
@@ -102,12 +97,12 @@ def measure(cfg: ModelConfig, spec, backends: list[str], steps: int, threads: in
     torch.manual_seed(seed)
     model = ActionTransformer(cfg, spec).to(device).for_inference()  # as load_policy builds it
     warmup = cfg.window + 3  # window full, caches and allocator warm
-    ep = _Episode(model.layout, warmup + steps, device, seed)
-    methods = {"torch": _Streaming(model, ep, device)} if "torch" in backends else {}
+    ep = SyntheticEpisode(model.layout, warmup + steps, device, seed)
+    methods = {"torch": Streaming(model, ep, device)} if "torch" in backends else {}
     with tempfile.TemporaryDirectory(prefix="vla-plan-") as tmp:
         onnx, reasons, _ = onnx_methods(model, ep, backends, threads, device, Path(tmp))
         times = time_interleaved({**methods, **onnx}, warmup + steps, warmup, device)
-    latency = {b: (_stats(times[b]) if b in times else None) for b in backends}
+    latency = {b: (ms_summary(times[b]) if b in times else None) for b in backends}
     return {"latency_ms": latency, "reasons": reasons, "parameters": model.num_params()}
 
 

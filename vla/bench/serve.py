@@ -2,7 +2,7 @@
 
     vla-bench serve --checkpoint runs/demo --backend onnxruntime
 
-One run, all traffic on 127.0.0.1, bounded in steps and seconds. The server is `python -m vla.serve` as its
+One run, all traffic on 127.0.0.1, bounded in steps and seconds. The server is `python -m vla.cli.serve` as its
 own process (its own interpreter, as on a GPU box), on the same backend and thread count as the in-process
 policy it is compared with.
 1. in process: `policy.act_chunk` in this process, `--steps` steps (p50 / p99);
@@ -103,10 +103,10 @@ def _time_steps(step, reset, obs: list[dict], n: int) -> list[float]:
 
 
 class _Server:
-    """`python -m vla.serve` on a free port of 127.0.0.1 for the length of the benchmark."""
+    """`python -m vla.cli.serve` on a free port of 127.0.0.1 for the length of the benchmark."""
 
     def __init__(self, args):
-        cmd = [sys.executable, "-m", "vla.serve", "--checkpoint", str(args.checkpoint), "--backend", args.backend,
+        cmd = [sys.executable, "-m", "vla.cli.serve", "--checkpoint", str(args.checkpoint), "--backend", args.backend,
                "--threads", str(args.threads), "--host", "127.0.0.1", "--port", "0", "--max-clients", "64",
                "--quiet"]  # fmt: skip
         env = {**os.environ, "OMP_NUM_THREADS": str(args.threads)}

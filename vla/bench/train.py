@@ -19,6 +19,7 @@ import torch
 import torch.nn as nn
 
 from vla.bench.latency import TABLETOP
+from vla.bench.step_methods import matmul_peak
 from vla.config import from_dict, load_yaml
 from vla.errors import UserError
 from vla.model import ActionTransformer, TokenLayout
@@ -37,20 +38,6 @@ def add_arguments(p) -> None:
     p.add_argument(
         "--peak-seconds", type=float, default=1.5, help="time spent finding the matmul peak, s (default 1.5)"
     )
-
-
-def matmul_peak(seconds: float = 1.5, n: int = 1024) -> float:
-    """Best fp32 matmul rate (FLOP/s) over repeated n x n products."""
-    a, b = torch.randn(n, n), torch.randn(n, n)
-    for _ in range(3):
-        a @ b
-    best, end = 0.0, time.perf_counter() + seconds
-    while best == 0.0 or time.perf_counter() < end:  # at least one timed round
-        t0 = time.perf_counter()
-        for _ in range(4):
-            a @ b
-        best = max(best, 4 * 2 * n**3 / (time.perf_counter() - t0))
-    return best
 
 
 def synthetic_batch(lay: TokenLayout, batch_size: int, generator: torch.Generator, keypoint_targets: int = 0) -> dict:
@@ -152,7 +139,7 @@ def run(args) -> dict:
     if args.steps < 1 or args.warmup < 0 or args.peak_seconds <= 0:
         raise UserError(f"need --steps >= 1, --warmup >= 0, --peak-seconds > 0; got {args.steps}, {args.warmup}, "
                         f"{args.peak_seconds}")  # fmt: skip
-    peak = matmul_peak(args.peak_seconds)
+    peak = matmul_peak(torch.device("cpu"), args.peak_seconds)
     ours = measure_ours(cfg, batch_size, args.warmup, args.steps)
     lay = TokenLayout(cfg.model, TABLETOP)
     plain = measure_plain(lay, batch_size, args.warmup, args.steps)

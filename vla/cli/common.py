@@ -1,16 +1,44 @@
-"""What every console script shares: user errors become one line on stderr and exit 2, bugs keep their traceback.
+"""What every console script shares: one parser, one meaning per exit code, one override syntax.
 
-A user error is an instance of one of `user_errors()`: the project's own types for bad input
-(`UserError` and its subclasses, bad configs, datasets, checkpoints, task names, no GL for rendering)
-and the OS errors that mean a path the user gave is wrong. A plain ValueError/KeyError/OSError is
-not one of them: it is a bug until the code that checks the input says otherwise, so it propagates.
+Exit codes (the same table is in docs/cli.md):
+
+    code  meaning                                          examples
+    0     success                                          the command did what it was asked
+    1     a bug                                            an unexpected exception; its traceback is kept
+    2     a user error: bad input, one line on stderr      a bad flag (argparse's own errors included), a missing
+                                                           file, a checkpoint with no export for --backend
+    3     a safe stop                                      the controller stopped the robot (vla-deploy, or
+                                                           vla-eval over a lost --server)
+    4     a check the command ran did not pass             vla-data validate found problems, a replay drifted,
+                                                           vla-export parity out of tolerance, a collection that
+                                                           ended short, a training loss that went non-finite
+    130   interrupted (Ctrl-C); rerun to resume            vla-collect --resume, vla-train --resume
+    141   stdout's reader went away (`| head`)             as a shell reports SIGPIPE; nothing more is printed
+
+Overrides are positional `key=value` words everywhere: `vla-train ... train.steps=200` (dotted config keys),
+`vla-eval ... readout=argmax n_action_steps=4` (the policy settings saved with a checkpoint; the same keys as
+vla-train's `policy.*`).
+
+A user error is an instance of one of `user_errors()`: the project's own types for bad input (`UserError` and
+its subclasses, bad configs, datasets, checkpoints, task names, no GL for rendering) and the OS errors that mean
+a path the user gave is wrong. A plain ValueError/KeyError/OSError is not one of them: it is a bug until the
+code that checks the input says otherwise, so it propagates.
 """
 
 from __future__ import annotations
 
+import argparse
 import os
 import sys
 from collections.abc import Callable
+from typing import NoReturn
+
+OK = 0
+BUG = 1  # not returned: an uncaught exception exits 1 with its traceback
+USER_ERROR = 2
+SAFE_STOP = 3
+CHECK_FAILED = 4
+INTERRUPTED = 130
 
 # OSErrors that point at a path the user gave (missing, a directory, not writable), not at a bug.
 PATH_ERRORS: tuple[type[OSError], ...] = (
@@ -22,10 +50,24 @@ PATH_ERRORS: tuple[type[OSError], ...] = (
 )
 
 
+class Parser(argparse.ArgumentParser):
+    """argparse with the project's error convention: `prog: error: msg (see prog --help)`, one line, exit 2."""
+
+    def error(self, message: str) -> NoReturn:  # one line, not the usage block
+        self.exit(USER_ERROR, f"{self.prog}: error: {one_line_text(message)} (see {self.prog} --help)\n")
+
+    def add_subparsers(self, **kwargs):
+        kwargs.setdefault("parser_class", Parser)  # subcommands' errors follow the same convention
+        return super().add_subparsers(**kwargs)
+
+
+def one_line_text(text: str) -> str:
+    return " ".join(text.split())
+
+
 def user_errors() -> tuple[type[BaseException], ...]:
     """Exceptions that mean bad input or environment (not a bug): reported in one line."""
-    from envs import UnknownTask
-    from envs.rendering import RenderingUnavailable
+    from envs import RenderingUnavailable, UnknownTask
     from vla.checkpoint import CheckpointError
     from vla.config import ConfigError
     from vla.data.hdf5_format import DatasetError
@@ -36,22 +78,28 @@ def user_errors() -> tuple[type[BaseException], ...]:
 
 def one_line(e: BaseException) -> str:
     """The exception's message on one line (HDF5 and OS messages can span several)."""
-    return " ".join(str(e).split()) or type(e).__name__
+    return one_line_text(str(e)) or type(e).__name__
 
 
 def run(prog: str, body: Callable[[], int | None], interrupted: str = "interrupted") -> int:
     """Run a CLI body; a user error prints `prog: error: ...` and returns 2, a bug still shows a traceback."""
     try:
-        return int(body() or 0)
+        return int(body() or OK)
     except KeyboardInterrupt:
         print(f"{prog}: {interrupted}", file=sys.stderr)
-        return 130
+        return INTERRUPTED
     except BrokenPipeError:  # `prog ... | head`: the reader has gone; stop quietly
         os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
         return 141
     except user_errors() as e:
         print(f"{prog}: error: {one_line(e)}", file=sys.stderr)
-        return 2
+        return USER_ERROR
+
+
+def failed_check(prog: str, message: str) -> int:
+    """Say on stderr that a check the command ran did not pass; the exit code for it."""
+    print(f"{prog}: {message}", file=sys.stderr)
+    return CHECK_FAILED
 
 
 def device(text: str | None):
@@ -68,11 +116,11 @@ def device(text: str | None):
 
 
 def add_policy_overrides(parser) -> None:
-    """`--policy KEY=VALUE` (repeatable): PolicyConfig fields that replace the checkpoint's saved ones."""
+    """Positional `KEY=VALUE` words: PolicyConfig fields that replace the checkpoint's saved ones."""
     parser.add_argument(
-        "--policy", action="append", default=[], metavar="KEY=VALUE",
-        help="policy setting saved with the checkpoint to override, e.g. readout=argmax, temporal_ensemble=false, "
-        "n_action_steps=4 (repeatable; see vla/policy/config.py)",
+        "overrides", nargs="*", default=[], metavar="KEY=VALUE",
+        help="policy settings saved with the checkpoint to override, e.g. readout=argmax temporal_ensemble=false "
+        "n_action_steps=4 (vla/policy/config.py)",
     )  # fmt: skip
 
 
@@ -88,7 +136,7 @@ def add_backend(parser) -> None:
 
 
 def policy_overrides(items: list[str]) -> dict:
-    """Parse `--policy KEY=VALUE` items (YAML scalars: 4, false, 0.5); the keys are checked by load_policy."""
+    """Parse `KEY=VALUE` words (YAML scalars: 4, false, 0.5); the keys are checked by load_policy."""
     import yaml
 
     from vla.config import ConfigError
@@ -96,8 +144,8 @@ def policy_overrides(items: list[str]) -> dict:
     out = {}
     for item in items:
         key, sep, text = item.partition("=")
-        if not sep or not key:
-            raise ConfigError(f"--policy {item!r} is not of the form KEY=VALUE (e.g. readout=argmax)")
+        if not sep or not key.strip():
+            raise ConfigError(f"{item!r} is not a KEY=VALUE override (e.g. readout=argmax)")
         out[key.strip()] = yaml.safe_load(text)
     return out
 
@@ -124,16 +172,3 @@ def check_policy_source(args, local_flags: dict[str, bool]) -> None:
     given = [flag for flag, on in local_flags.items() if on]
     if args.server is not None and given:
         raise UserError(f"{', '.join(given)}: with --server the server runs the policy (that is for a --checkpoint)")
-
-
-def open_policy(checkpoint=None, server: str | None = None, token: str | None = None, timeout: float = 10.0,
-                **kwargs):  # fmt: skip
-    """The checkpoint's policy in this process (`load_policy(checkpoint, **kwargs)`), or the one a vla-serve at
-    `server` runs, over the network (`RemotePolicy`; kwargs are then PolicyConfig overrides only)."""
-    if server is None:
-        from vla.policy.torch_policy import load_policy
-
-        return load_policy(checkpoint, **kwargs)
-    from vla.policy.remote import RemotePolicy
-
-    return RemotePolicy(server, token=token, timeout=timeout, **kwargs)

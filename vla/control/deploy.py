@@ -1,49 +1,72 @@
-"""Real-time deployment: `vla-deploy --checkpoint DIR --task ID --hz H --budget-ms B --seconds T --json FILE`.
+"""Real-time deployment on the simulated robot, what `vla-deploy` runs (vla/cli/deploy.py).
 
 Runs one episode of the fixed-rate controller (`vla.control.controller`) on the simulated robot
 (`vla.control.robot.SimRobot`, whose physics follows the wall clock, so the arm keeps moving while the
 policy thinks) and reports control-step latency p50/p95/p99/max, deadline misses, fallbacks, guard
 interventions, whether a safe stop happened, and success, as JSON plus a latency histogram PNG
-beside it (same stem). The episode ends after --seconds or on success ("end_reason" says which).
+beside it (same stem). The episode ends after `seconds` or on success ("end_reason" says which).
 
-`--strategy` picks how the policy's chunks are executed while it thinks (vla/policy/strategies.py, the same
+The strategy picks how the policy's chunks are executed while it thinks (vla/policy/strategies.py, the same
 strategies `vla-eval --delay-ticks` simulates): blocking (the synchronous loop), or chunk, ensemble,
 delay_aware in a worker thread, where the measured inference time decides the delay d they plan with.
 The JSON adds "strategy", "delay_ticks" (max/mean of the measured delay) and "smoothness" (mean
-absolute jerk, jump at chunk boundaries). `--async` is `--strategy chunk --execute 1`.
+absolute jerk, jump at chunk boundaries).
 
-`--server URL [--token T]` runs the loop against the policy a `vla-serve` runs (vla/policy/remote.py): the network
-round trip is part of every inference, so it is the delay the strategies measure and plan with. A server
-lost mid-episode is an inference that never arrives: the loop makes its safe stop within
---max-consecutive-misses ticks and says why on one line.
-
-Exit status: 0 when the episode ran to its end (success or not), 3 after a safe stop (too many
-consecutive deadline misses), 2 for bad input.
+Against a policy a `vla-serve` runs (vla/policy/remote.py) the network round trip is part of every inference,
+so it is the delay the strategies measure and plan with. A server lost mid-episode is an inference that never
+arrives: the loop makes its safe stop within `max_consecutive_misses` ticks.
 """
 
 from __future__ import annotations
 
-import argparse
 import json
-import os
-import sys
+from dataclasses import dataclass
 from pathlib import Path
 
-from vla.cli import common as cli
 from vla.errors import UserError
 
-SAFE_STOP_EXIT = 3
+
+@dataclass
+class DeployRun:
+    """What one deployment run is, besides the controller's settings: it goes into the report."""
+
+    task: str
+    checkpoint: str | None  # None: a --server's policy
+    server: str | None
+    backend: str
+    kv_cache: bool
+    max_delta: float  # 0 = no limit
+    limit_gripper: bool
 
 
-def parse_latency(text: str) -> tuple[float, float]:
-    """'X' or 'X:JITTER' (ms) -> (X, JITTER)."""
+def deploy(policy, run: DeployRun, config, json_path: str | Path) -> tuple[dict, object]:
+    """One episode of `policy` on the simulated robot under `config` (a ControllerConfig); writes the report to
+    `json_path` and the latency histogram beside it (.png). Returns the report and the controller's result."""
+    import envs
+    from vla.control.controller import ActionGuard, Controller
+    from vla.control.robot import SimRobot
+
+    if config.strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
+        raise UserError(
+            "--strategy delay_aware needs a checkpoint trained with model.committed_actions=true "
+            "train.delay_aware_max=N; this one has no committed action slots"
+        )
+    spec = policy.spec
+    robot = SimRobot(envs.make_env(run.task, spec.image_size, wrist_camera=spec.n_cameras > 1), seed=config.seed)
+    guard = ActionGuard.from_robot(robot, max_delta=run.max_delta or None, limit_gripper=run.limit_gripper)
     try:
-        parts = [float(p) for p in text.split(":")]
-    except ValueError:
-        parts = []
-    if len(parts) not in (1, 2) or any(p < 0 or p != p for p in parts):
-        raise argparse.ArgumentTypeError(f"expected X or X:JITTER in ms (non-negative numbers), got {text!r}")
-    return parts[0], parts[1] if len(parts) == 2 else 0.0
+        result = Controller(policy, robot, config, guard).run()
+    finally:
+        robot.close()
+    report = make_report(run, config, policy, robot.sim_time, result)
+    out = Path(json_path)
+    out.parent.mkdir(parents=True, exist_ok=True)
+    out.write_text(json.dumps(report, indent=2) + "\n")
+    name = Path(report["checkpoint"]).name
+    title = (f"{run.task} at {config.hz:g} Hz, {result.strategy}, {name}, "
+             f"injected {config.inject_latency_ms:g}±{config.inject_jitter_ms:g} ms")  # fmt: skip
+    save_histogram(out.with_suffix(".png"), result.latency_ms, config.budget_ms, title)
+    return report, result
 
 
 def save_histogram(path: str | Path, latency_ms: list[float], budget_ms: float, title: str = "") -> None:
@@ -73,160 +96,6 @@ def save_histogram(path: str | Path, latency_ms: list[float], budget_ms: float, 
     plt.close(fig)
 
 
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="vla-deploy",
-        description="Run a policy in a fixed-rate real-time loop under a latency budget on the simulated robot.",
-        epilog=__doc__.split("\n\n")[-1],
-    )
-    parser.add_argument("--checkpoint", default=None, help="checkpoint directory (vla-train --out)")
-    cli.add_server(parser)
-    parser.add_argument("--task", required=True, help="task id or short name, e.g. tabletop/Reach-v0 or reach")
-    parser.add_argument("--hz", type=float, default=20.0, help="control rate, ticks per second (default 20)")
-    parser.add_argument("--budget-ms", type=float, default=50.0, help="deadline per decision, ms (default 50)")
-    parser.add_argument("--seconds", type=float, default=10.0, help="episode length, wall-clock s (default 10)")
-    parser.add_argument("--json", required=True, help="write the report here (and the histogram beside it, .png)")
-    parser.add_argument(
-        "--inject-latency-ms",
-        type=parse_latency,
-        default=(0.0, 0.0),
-        metavar="X[:JITTER]",
-        help="add X ms (uniform +- JITTER) to every inference, for testing",
-    )
-    parser.add_argument("--seed", type=int, default=0, help="episode seed: scene layout and jitter (default 0)")
-    parser.add_argument(
-        "--max-consecutive-misses",
-        type=int,
-        default=5,
-        metavar="N",
-        help="safe stop after N deadline misses in a row (default 5; 0 = never)",
-    )
-    parser.add_argument(
-        "--max-delta",
-        type=float,
-        default=1.0,
-        metavar="D",
-        help="largest change per tick of each motion dim, action units (default 1.0; 0 = no limit)",
-    )
-    parser.add_argument("--limit-gripper", action="store_true", help="rate-limit the gripper dim too")
-    parser.add_argument(
-        "--async", dest="async_inference", action="store_true", help="infer the next chunk in a worker thread"
-    )
-    parser.add_argument(
-        "--strategy",
-        default="blocking",
-        metavar="NAME",
-        help="blocking (default: the synchronous loop), or chunk, ensemble, delay_aware (a worker thread)",
-    )
-    parser.add_argument(
-        "--execute",
-        type=int,
-        default=0,
-        metavar="S",
-        help="actions executed per chunk by chunk / delay_aware (default 0: chunk - measured delay)",
-    )
-    parser.add_argument("--no-kv-cache", action="store_true", help="recompute the whole window every tick")
-    cli.add_policy_overrides(parser)
-    parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        help="torch intra-op threads (default on CPU: 1; more threads spin against the control loop "
-        "and anything else on the cores, and a small model's step gains little from them)",
-    )
-    cli.add_backend(parser)
-    parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
-    args = parser.parse_args(argv)
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    return cli.run("vla-deploy", lambda: _run(args))
-
-
-def _run(args) -> int:
-    from vla.control.controller import ControllerConfig
-
-    local = {"--backend": args.backend != "torch", "--device": args.device is not None,
-             "--threads": args.threads is not None}  # fmt: skip
-    cli.check_policy_source(args, local)
-    if args.strategy == "delay_aware" and args.backend != "torch":
-        raise UserError(
-            "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"
-        )
-    latency, jitter = args.inject_latency_ms
-    if args.max_delta < 0:
-        raise UserError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
-    config = ControllerConfig(  # validates hz, budget, seconds, misses before anything heavy loads
-        hz=args.hz,
-        budget_ms=args.budget_ms,
-        seconds=args.seconds,
-        max_consecutive_misses=args.max_consecutive_misses,
-        async_inference=args.async_inference,
-        inject_latency_ms=latency,
-        inject_jitter_ms=jitter,
-        seed=args.seed,
-        strategy=args.strategy,
-        execute=args.execute,
-    )
-    import envs
-
-    task = envs.task_id(args.task)
-    from vla.control.controller import ActionGuard, Controller
-    from vla.control.delay import raw_chunk_overrides
-    from vla.control.robot import SimRobot
-    from vla.evaluation.evaluate import policy_env
-
-    overrides = cli.policy_overrides(args.policy) | ({"kv_cache": False} if args.no_kv_cache else {})
-    if config.worker_strategy is not None:  # the strategy schedules the raw chunks; an explicit --policy wins
-        overrides = raw_chunk_overrides(config.worker_strategy[0]) | overrides
-    if args.server is not None:
-        policy = cli.open_policy(server=args.server, token=args.token, timeout=reply_timeout(config), **overrides)
-    else:
-        policy = _load_here(args, overrides)
-    if config.strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
-        raise UserError(
-            "--strategy delay_aware needs a checkpoint trained with model.committed_actions=true "
-            "train.delay_aware_max=N; this one has no committed action slots"
-        )
-    robot = SimRobot(policy_env(task, policy.spec), seed=args.seed)
-    guard = ActionGuard.from_robot(robot, max_delta=args.max_delta or None, limit_gripper=args.limit_gripper)
-    try:
-        result = Controller(policy, robot, config, guard).run()
-    finally:
-        robot.close()
-
-    report = make_report(args, config, task, policy, robot.sim_time, result)
-    out = Path(args.json)
-    out.parent.mkdir(parents=True, exist_ok=True)
-    out.write_text(json.dumps(report, indent=2) + "\n")
-    png = out.with_suffix(".png")
-    name = Path(report["checkpoint"]).name
-    title = f"{task} at {args.hz:g} Hz, {result.strategy}, {name}, injected {latency:g}±{jitter:g} ms"
-    save_histogram(png, result.latency_ms, args.budget_ms, title)
-    if not args.quiet:
-        print(format_summary(report, out, png))
-    if result.safe_stop:
-        why = f": {result.unavailable_reason}" if result.policy_unavailable else ""
-        stop = f"vla-deploy: safe stop after {config.max_consecutive_misses} deadline misses in a row{why}"
-        print(stop, file=sys.stderr)
-    return SAFE_STOP_EXIT if result.safe_stop else 0
-
-
-def _load_here(args, overrides: dict):
-    """The checkpoint's policy in this process, on --threads torch threads (1 by default on a CPU)."""
-    import torch
-
-    from vla.policy.torch_policy import load_policy
-
-    if args.backend != "torch":  # its session takes torch's thread count when it is made
-        torch.set_num_threads(args.threads or 1)
-    policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
-    if args.threads is not None or policy.device.type == "cpu":
-        torch.set_num_threads(args.threads or 1)
-    return policy
-
-
 def reply_timeout(config) -> float:
     """How long a remote step may take before the connection counts as lost, seconds: as long as the safe stop
     would take to come anyway (a later reply is of no use), at least a second (a first step may be slow)."""
@@ -235,28 +104,27 @@ def reply_timeout(config) -> float:
     return max(1.0, config.max_consecutive_misses * config.period_s)
 
 
-def make_report(args, config, task: str, policy, sim_time: float, result) -> dict:
+def make_report(run: DeployRun, config, policy, sim_time: float, result) -> dict:
     """What one deployment run writes to its JSON: the settings it ran with, then the controller's summary."""
-    remote = getattr(policy, "metadata", None) if args.server is not None else None  # what the server runs
-    latency, jitter = args.inject_latency_ms
+    remote = getattr(policy, "metadata", None) if run.server is not None else None  # what the server runs
     return {
-        "checkpoint": str(args.checkpoint if remote is None else remote["checkpoint"]),
-        "server": args.server,
-        "task": task,
-        "seed": args.seed,
-        "hz": args.hz,
-        "period_ms": 1e3 / args.hz,
-        "budget_ms": args.budget_ms,
-        "seconds": args.seconds,
+        "checkpoint": str(run.checkpoint if remote is None else remote["checkpoint"]),
+        "server": run.server,
+        "task": run.task,
+        "seed": config.seed,
+        "hz": config.hz,
+        "period_ms": 1e3 / config.hz,
+        "budget_ms": config.budget_ms,
+        "seconds": config.seconds,
         "async": config.worker_strategy is not None,
-        "kv_cache": not args.no_kv_cache,
-        "backend": args.backend if remote is None else remote["backend"],
+        "kv_cache": run.kv_cache,
+        "backend": run.backend if remote is None else remote["backend"],
         "device": str(policy.device),
         "torch_threads": None if remote is not None else _torch_threads(),
-        "inject_latency_ms": {"mean": latency, "jitter": jitter},
-        "max_consecutive_misses": args.max_consecutive_misses,
-        "max_delta": args.max_delta or None,
-        "limit_gripper": args.limit_gripper,
+        "inject_latency_ms": {"mean": config.inject_latency_ms, "jitter": config.inject_jitter_ms},
+        "max_consecutive_misses": config.max_consecutive_misses,
+        "max_delta": run.max_delta or None,
+        "limit_gripper": run.limit_gripper,
         "sim_time_s": sim_time,
         **result.summary(),
     }
@@ -300,7 +168,3 @@ def smooth_line(r: dict) -> list[str]:
     delay = "" if d is None else f"; measured delay max {d['max']} ticks, mean {d['mean']:.2f}"
     return [f"  smoothness: jerk {sm['jerk']:.4f}, chunk-boundary jump {sm['boundary_jump']:.4f} "
             f"(other ticks {sm['step_change']:.4f}){delay}"]  # fmt: skip
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -106,9 +106,9 @@ class SimRobot:
     def hold(self) -> None:
         """Safe stop: the end-effector target snaps to where the hand is now; the gripper keeps its command."""
         self._sync()
-        from envs.scene import WORKSPACE_HIGH, WORKSPACE_LOW
+        import envs
 
-        self.scene.data.mocap_pos[self._mocap] = np.clip(self.scene.ee_pos, WORKSPACE_LOW, WORKSPACE_HIGH)
+        self.scene.data.mocap_pos[self._mocap] = np.clip(self.scene.ee_pos, envs.WORKSPACE_LOW, envs.WORKSPACE_HIGH)
 
     def success(self) -> bool:
         self._sync()

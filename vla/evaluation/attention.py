@@ -119,18 +119,14 @@ def plot_keypoints(result: dict, out_dir: Path, tag: str) -> Path:
 
 def attention_rollout(policy, task: str, seed: int, steps: list[int], out_dir: str | Path) -> list[Path]:
     """Roll the policy out on one episode and save the attention figures at the chosen steps."""
+    from vla.evaluation.episode import episode_steps
     from vla.evaluation.evaluate import policy_env
 
     env = policy_env(task, policy.spec)
-    obs, _ = env.reset(seed=seed)
-    policy.reset(obs["instruction"])
     paths, name = [], task.split("/")[-1]
-    for t in range(env.spec.max_episode_steps):
-        action = policy.act(obs)
-        if t in steps:
-            paths += plot_attention(first_action_attention(policy), Path(out_dir), f"{name}_seed{seed}_step{t:03d}")
-        obs, _, terminated, truncated, _ = env.step(action)
-        if terminated or truncated or t >= max(steps):
-            break
+    for step in episode_steps(env, policy, seed, max_steps=max(steps, default=-1) + 1):
+        if step.t in steps:  # the attention of the act that chose this step's action
+            tag = f"{name}_seed{seed}_step{step.t:03d}"
+            paths += plot_attention(first_action_attention(policy), Path(out_dir), tag)
     env.close()
     return paths

@@ -1,4 +1,4 @@
-"""Closed-loop evaluation: `vla-eval --checkpoint DIR --episodes-per-task N --json FILE`.
+"""Closed-loop evaluation, what `vla-eval --checkpoint DIR --episodes-per-task N --json FILE` runs (vla/cli/eval.py).
 
 Runs the policy on every task it was trained on, with seeds it has not seen (`--seed`, default
 100000, far from the collector's), and reports the success rate per task with a Wilson 95% interval,
@@ -21,18 +21,16 @@ never used): a policy that understands instructions, not just their templates, s
 
 from __future__ import annotations
 
-import argparse
-import json
 import math
-import os
 import sys
-import time
+from collections.abc import Callable
 from pathlib import Path
 
 import numpy as np
 
-from vla.cli import common as cli
+import envs
 from vla.errors import UserError
+from vla.evaluation.episode import episode_steps
 
 EVAL_SEED = 100_000  # first evaluation seed; the collector counts up from its own (small) seeds
 
@@ -67,35 +65,29 @@ def summarize(outcomes: dict[str, list[dict]]) -> dict:
 
 def probe_instruction(env, mode: str, rng: np.random.Generator) -> str:
     """The instruction a grounding probe gives instead of the episode's own (see module doc)."""
-    from envs.tasks.base import PALETTE
-
     base = env.unwrapped
     layout, own = base.layout, base.instruction
     if mode == "swap_colour":
         target = layout.block_colours[layout.roles["block"]]
         others = [c for i, c in enumerate(layout.block_colours) if c != target and i not in layout.roles.values()]
-        others = others or [c for c in layout.block_colours if c != target] or [c for c in PALETTE if c != target]
+        others = others or [c for c in layout.block_colours if c != target] or [c for c in envs.PALETTE if c != target]
         return own.replace(f"{target} block", f"{others[rng.integers(len(others))]} block", 1)
     if mode == "other_task":
-        from envs.tabletop_env import TASK_CLASSES
-
-        names = [n for n in TASK_CLASSES if n != base.task_name]
-        other = TASK_CLASSES[names[rng.integers(len(names))]]()
+        names = [n for n in envs.TASK_CLASSES if n != base.task_name]
+        other = names[rng.integers(len(names))]
         block = layout.block_colours[layout.roles["block"]]
         words = {
             "block": block,
             "target": layout.target_colours[0],
             "base": next(c for c in layout.block_colours if c != block),
         }
-        return other.phrase(rng, **words)
+        return envs.instruction_for(other, rng, **words)
     if mode == "paraphrase":
-        from envs import language
-
         task = getattr(base, "task_name", env.spec.id)
-        colours = language.parse(task, own)
+        colours = envs.parse_instruction(task, own)
         if colours is None:
             raise UserError(f"--instructions paraphrase needs a tabletop task's instruction; {task}: {own!r}")
-        return language.paraphrase(task, colours, rng, language.HELD_OUT)
+        return envs.paraphrase(task, colours, rng, envs.HELD_OUT_GRAMMAR)
     raise ValueError(f"unknown instruction probe {mode!r}")
 
 
@@ -104,21 +96,33 @@ DETAIL_KEYS = ("seed", "success", "length", "instruction")  # what the JSON keep
 
 def run_episode(env, policy, seed: int, instructions: str = "own", record: bool = False) -> dict:
     """One closed-loop episode; returns success, length, and the frames if `record`."""
-    obs, info = env.reset(seed=seed)
-    instruction = obs["instruction"]
+    probe = None
     if instructions != "own":
-        instruction = probe_instruction(env, instructions, np.random.default_rng(seed))
-    policy.reset(instruction)
-    frames = [obs["image"]] if record else None
-    success, length = False, 0
-    for length in range(1, env.spec.max_episode_steps + 1):  # noqa: B007 - length is the result
-        obs, _, terminated, truncated, info = env.step(policy.act(obs))
+        probe = lambda obs: probe_instruction(env, instructions, np.random.default_rng(seed))  # noqa: E731
+    frames = [] if record else None
+    for step in episode_steps(env, policy, seed, instruction=probe):
         if record:
-            frames.append(obs["image"])
-        if terminated or truncated:
-            break
-    success = bool(info["success"])
-    return {"seed": seed, "success": success, "length": length, "instruction": instruction, "frames": frames}
+            frames += [step.obs["image"], step.next_obs["image"]] if step.t == 0 else [step.next_obs["image"]]
+    success = bool(step.info["success"])
+    return {"seed": seed, "success": success, "length": step.t + 1, "instruction": step.instruction, "frames": frames}
+
+
+def run_task(env, policy, task: str, seeds: list[int], instructions: str, video_dir, n_videos: int,
+             delayed: bool = False, done: Callable[[list[dict]], None] | None = None) -> list[dict]:  # fmt: skip
+    """Episodes of `task` from each seed; the first `n_videos` saved as videos in `video_dir` (None: none).
+    `delayed`: add the DelayedPolicy's smoothness metrics; `done(outcomes)`: called after each episode."""
+    outcomes = []
+    for k, seed in enumerate(seeds):
+        record = video_dir is not None and k < n_videos
+        ep = run_episode(env, policy, seed, instructions, record)
+        if record:
+            save_video(video_path(video_dir, task, seed, ep["success"]), ep["frames"])
+        outcomes.append({key: ep[key] for key in DETAIL_KEYS})
+        if delayed:
+            outcomes[-1].update(policy.episode_metrics())
+        if done is not None:
+            done(outcomes)
+    return outcomes
 
 
 def video_path(video_dir: str | Path, task: str, seed: int, success: bool) -> Path:
@@ -132,17 +136,6 @@ def save_video(path: str | Path, frames: list[np.ndarray], fps: int = 20, scale:
     Path(path).parent.mkdir(parents=True, exist_ok=True)
     big = [np.kron(f, np.ones((scale, scale, 1), dtype=np.uint8)) for f in frames]
     imageio.mimwrite(str(path), big, fps=fps, macro_block_size=1)
-
-
-def policy_env(task: str, spec):
-    """`task`'s env as a policy with data spec `spec` sees it: its image size, and the wrist camera when it
-    reads two cameras (a tabletop option: `vla-collect --wrist-camera`)."""
-    import gymnasium as gym
-
-    import envs  # noqa: F401 - registers the tasks
-
-    extra = {"wrist_camera": True} if spec.n_cameras > 1 else {}
-    return gym.make(task, image_size=spec.image_size, **extra)
 
 
 def evaluate(
@@ -166,24 +159,19 @@ def evaluate(
 
         policy = DelayedPolicy(policy, **delay)
     outcomes: dict[str, list[dict]] = {}
-    bar = tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr)
-    for task in tasks:
-        env = policy_env(task, policy.spec)
-        outcomes[task] = []
-        for i in range(episodes):
-            record = video_dir is not None and i < videos_per_task
-            ep = run_episode(env, policy, seed + i, instructions, record)
-            if record:
-                save_video(video_path(video_dir, task, seed + i, ep["success"]), ep["frames"])
-            ep.pop("frames")
-            if delay is not None:
-                ep.update(policy.episode_metrics())
-            outcomes[task].append(ep)
-            bar.update(1)
-            rate = np.mean([e["success"] for e in outcomes[task]])
-            bar.set_postfix_str(f"{task.split('/')[-1]} {rate:.0%}")
-        env.close()
-    bar.close()
+    with tqdm(total=len(tasks) * episodes, desc="eval", disable=not progress, file=sys.stderr) as bar:
+        for task in tasks:
+
+            def done(eps: list[dict], name: str = task.split("/")[-1]) -> None:
+                bar.update(1)
+                bar.set_postfix_str(f"{name} {np.mean([e['success'] for e in eps]):.0%}")
+
+            env = policy_env(task, policy.spec)
+            try:
+                outcomes[task] = run_task(env, policy, task, [seed + i for i in range(episodes)], instructions,
+                                          video_dir, videos_per_task, delay is not None, done)  # fmt: skip
+            finally:
+                env.close()
     result = summarize(outcomes)
     result["episodes_detail"] = {t: [{k: e[k] for k in DETAIL_KEYS} for e in eps] for t, eps in outcomes.items()}
     if delay is not None:
@@ -191,6 +179,25 @@ def evaluate(
 
         result["smoothness"] = summarize_smoothness(outcomes)
     return result
+
+
+def open_policy(checkpoint=None, server: str | None = None, token: str | None = None, timeout: float = 10.0,
+                **kwargs):  # fmt: skip
+    """The checkpoint's policy in this process (`load_policy(checkpoint, **kwargs)`), or the one a vla-serve at
+    `server` runs, over the network (`RemotePolicy`; kwargs are then PolicyConfig overrides only)."""
+    if server is None:
+        from vla.policy.torch_policy import load_policy
+
+        return load_policy(checkpoint, **kwargs)
+    from vla.policy.remote import RemotePolicy
+
+    return RemotePolicy(server, token=token, timeout=timeout, **kwargs)
+
+
+def policy_env(task: str, spec):
+    """`task`'s env as a policy with data spec `spec` sees it: its image size, and the wrist camera when it
+    reads two cameras."""
+    return envs.make_env(task, spec.image_size, wrist_camera=spec.n_cameras > 1)
 
 
 def policy_info(policy) -> dict:
@@ -208,21 +215,13 @@ def _worker(job: tuple) -> tuple[str, list[dict], dict]:
     import torch
 
     torch.set_num_threads(WORKER_THREADS)
-    policy = info_of = cli.open_policy(checkpoint, **policy_kwargs)
+    policy = info_of = open_policy(checkpoint, **policy_kwargs)
     if delay is not None:
         from vla.control.delay import DelayedPolicy
 
         policy = DelayedPolicy(policy, **delay)
     env = policy_env(task, policy.spec)
-    eps = []
-    for k, s in enumerate(seeds):
-        record = video_dir is not None and k < n_videos
-        ep = run_episode(env, policy, s, instructions, record)
-        if record:
-            save_video(video_path(video_dir, task, s, ep["success"]), ep["frames"])
-        eps.append({k: ep[k] for k in DETAIL_KEYS})
-        if delay is not None:
-            eps[-1].update(policy.episode_metrics())
+    eps = run_task(env, policy, task, seeds, instructions, video_dir, n_videos, delay is not None)
     env.close()
     return task, eps, policy_info(info_of)
 
@@ -233,7 +232,7 @@ def evaluate_parallel(
 ) -> dict:  # fmt: skip
     """Split (task, seed) jobs over `workers` processes, each with its own policy copy.
 
-    `policy_kwargs` go to every worker's `cli.open_policy` (device, kv_cache; or server, token: each worker
+    `policy_kwargs` go to every worker's `open_policy` (device, kv_cache; or server, token: each worker
     its own connection), as in the single-process path; `delay` as in `evaluate`."""
     import multiprocessing as mp
 
@@ -332,168 +331,3 @@ def delay_report(delay: dict, chunk: int) -> dict:
     s = make_strategy(delay["strategy"], chunk, min(delay["execute"], chunk))
     return {"delay_ticks": delay["delay"], "strategy": delay["strategy"], "execute": delay["execute"],
             "execute_effective": s.execute_for(delay["delay"]), "chunk": chunk}  # fmt: skip
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vla-eval", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", default=None, help="checkpoint directory (vla-train --out)")
-    cli.add_server(parser)
-    parser.add_argument("--episodes-per-task", type=int, default=50, help="episodes per task (default 50)")
-    parser.add_argument("--json", help="write the results here")
-    parser.add_argument("--seed", type=int, default=EVAL_SEED, help=f"first seed (default {EVAL_SEED})")
-    parser.add_argument("--tasks", default="trained", help="'trained' (the checkpoint's tasks), 'all', or ids")
-    parser.add_argument("--video", help="write a few episodes per task as mp4 into this directory")
-    parser.add_argument("--workers", type=int, default=1, help="parallel worker processes (default 1)")
-    parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
-    parser.add_argument(
-        "--threads",
-        type=int,
-        default=None,
-        metavar="N",
-        help="torch threads of the in-process evaluation (default: torch's, every core; set 1 beside a training "
-        "run); --workers processes use 1 each",
-    )
-    parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
-    cli.add_policy_overrides(parser)
-    cli.add_backend(parser)
-    parser.add_argument(
-        "--instructions",
-        choices=["own", "swap_colour", "other_task", "paraphrase"],
-        default="own",
-        help="grounding probe: give each episode a wrong instruction (swap_colour, other_task) or a held-out "
-        "rephrasing of its own (paraphrase); default: its own",
-    )
-    parser.add_argument(
-        "--delay-ticks",
-        type=int,
-        default=None,
-        metavar="D",
-        help="simulate D control ticks of inference delay (simulated time; see vla/control/delay.py)",
-    )
-    parser.add_argument(
-        "--strategy",
-        default=None,
-        metavar="NAME",
-        help="execution strategy under delay: blocking (default), chunk, synchronous, ensemble, delay_aware "
-        "(vla/policy/strategies.py)",
-    )
-    parser.add_argument(
-        "--execute",
-        type=int,
-        default=0,
-        metavar="S",
-        help="actions executed per chunk by chunk / delay_aware (default 0: as many as chunk - D)",
-    )
-    parser.add_argument(
-        "--attention",
-        metavar="DIR",
-        help="save attention figures (first action token over image patches and words) for one episode per task",
-    )
-    parser.add_argument("--attention-steps", default="0,10,20", help="rollout steps to draw (default 0,10,20)")
-    parser.add_argument(
-        "--experts",
-        metavar="FILE",
-        help="`python -m envs --json` output for the same first seed: the expert's rate beside each task",
-    )
-    args = parser.parse_args(argv)
-    os.environ.setdefault("MUJOCO_GL", "egl")
-    return cli.run("vla-eval", lambda: _run(args))
-
-
-def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None) -> dict:
-    """`evaluate` at `--threads` torch threads (default: torch's), then the caller's count again (tests and
-    notebooks keep their own setting)."""
-    import torch
-
-    before = torch.get_num_threads()
-    torch.set_num_threads(args.threads or before)
-    try:
-        result = evaluate(policy, tasks, args.episodes_per_task, args.seed, args.instructions, args.video, delay=delay)
-        result["torch_threads"] = torch.get_num_threads()
-    finally:
-        torch.set_num_threads(before)
-    result["policy"] = policy_info(policy)
-    return result
-
-
-def _run(args) -> int:
-    import envs
-
-    local = {"--backend": args.backend != "torch", "--device": args.device is not None,
-             "--threads": args.threads is not None, "--attention": args.attention is not None}  # fmt: skip
-    cli.check_policy_source(args, local)
-    if args.episodes_per_task < 1:
-        raise UserError(f"--episodes-per-task must be at least 1, got {args.episodes_per_task}")
-    if args.workers < 1:
-        raise UserError(f"--workers must be at least 1, got {args.workers}")
-    if args.threads is not None and args.threads < 1:
-        raise UserError(f"--threads must be at least 1, got {args.threads}")
-    if args.threads is not None and args.workers > 1:
-        raise UserError("--threads sets the in-process evaluation's threads; with --workers each process uses 1")
-    if args.backend != "torch" and args.attention:
-        raise UserError(f"--backend {args.backend} has no attention figures (they read torch's attention maps)")
-    delay = delay_options(args.delay_ticks, args.strategy, args.execute)
-    policy_kwargs = {"device": cli.device(args.device), "backend": args.backend, **cli.policy_overrides(args.policy)}
-    if args.server is not None:  # the server's backend and device; ours are PolicyConfig overrides only
-        policy_kwargs = {"server": args.server, "token": args.token, **cli.policy_overrides(args.policy)}
-    if args.no_kv_cache:
-        policy_kwargs["kv_cache"] = False
-    if delay is not None:
-        from vla.control.delay import raw_chunk_overrides
-
-        policy_kwargs = raw_chunk_overrides(delay["strategy"]) | policy_kwargs  # an explicit --policy wins
-    policy = cli.open_policy(args.checkpoint, **policy_kwargs)
-    trained = policy.meta.get("tasks") or envs.TASKS
-    if args.tasks == "trained":
-        tasks = list(trained)
-    elif args.tasks == "all":
-        tasks = list(envs.TASKS)
-    else:
-        tasks = envs.expand_tasks(args.tasks)  # ids, short names or a suite ("metaworld/mt10")
-    if args.attention:
-        from vla.evaluation.attention import attention_rollout
-
-        try:
-            steps = [int(s) for s in args.attention_steps.split(",") if s.strip()]
-        except ValueError:
-            got = args.attention_steps
-            raise UserError(f"--attention-steps: expected comma-separated integers, got {got!r}") from None
-        for task in tasks:
-            paths = attention_rollout(policy, task, args.seed, steps, args.attention)
-            print(f"{task}: {len(paths)} attention figures in {args.attention}")
-        if not args.json:
-            return 0  # figures only; pass --json to evaluate as well
-    start = time.perf_counter()
-    if args.workers > 1:
-        result = evaluate_parallel(
-            args.checkpoint, tasks, args.episodes_per_task, args.seed, args.instructions,
-            args.video, args.workers, policy_kwargs, delay,
-        )  # fmt: skip
-        result["torch_threads"] = WORKER_THREADS
-    else:
-        result = _evaluate_in_process(policy, tasks, args, delay)
-    if args.experts:
-        add_expert_rates(result, json.loads(Path(args.experts).read_text()), args.seed, args.experts)
-    result["seconds"] = time.perf_counter() - start
-    result["instructions"] = args.instructions
-    result["checkpoint"] = str(args.checkpoint if args.server is None else policy.metadata["checkpoint"])
-    result["backend"] = args.backend if args.server is None else policy.metadata["backend"]
-    result["server"] = args.server
-    if delay is not None:
-        result["delay"] = delay_report(delay, policy.chunk)
-    title = f"checkpoint {result['checkpoint']}, instructions: {args.instructions}"
-    if args.server is not None:
-        title += f", served by {args.server}"
-    if delay is not None:
-        d, sm = result["delay"], result["smoothness"]["overall"]
-        title += (f", delay {d['delay_ticks']} ticks, strategy {d['strategy']} (execute {d['execute_effective']}); "
-                  f"jerk {sm['jerk']:.4f}, boundary jump {sm['boundary_jump']:.4f}")  # fmt: skip
-    print(format_table(result, title))
-    if args.json:
-        Path(args.json).parent.mkdir(parents=True, exist_ok=True)
-        Path(args.json).write_text(json.dumps(result, indent=2) + "\n")
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

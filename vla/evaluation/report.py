@@ -1,4 +1,4 @@
-"""Summarize a run directory: `python -m vla.evaluation.report runs/demo`.
+"""Summarize a run directory (`python -m vla.cli.report runs/demo`).
 
 Prints the per-task success table (policy beside the scripted expert, plus the grounding probe and
 the held-out paraphrases),
@@ -11,9 +11,7 @@ success against training minutes, `success_curve.png`).
 
 from __future__ import annotations
 
-import argparse
 import json
-import sys
 from pathlib import Path
 
 
@@ -161,19 +159,3 @@ def summary(run: Path) -> str:
     if curves:
         lines.append(f"\ntraining curves: {curves}")
     return "\n".join(lines) if lines else f"{run}: nothing to summarize yet"
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m vla.evaluation.report", description=__doc__.split("\n\n")[0])
-    parser.add_argument("run", help="run directory, e.g. runs/demo")
-    args = parser.parse_args(argv)
-    run = Path(args.run)
-    if not run.is_dir():
-        print(f"vla.evaluation.report: error: {run} is not a directory", file=sys.stderr)
-        return 2
-    print(summary(run))
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

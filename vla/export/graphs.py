@@ -35,11 +35,9 @@ exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
 
 from __future__ import annotations
 
-import argparse
 import json
 import logging
 import math
-import sys
 import time
 import warnings
 from dataclasses import fields
@@ -334,84 +332,36 @@ def export_policy(policy, out: str | Path, int8: bool = False) -> dict:
     return manifest
 
 
+class _ParityPair:
+    """Acts with the torch policy's chunk and records how far the ONNX policy's chunk is from it."""
+
+    def __init__(self, torch_policy, onnx_policy):
+        self.policies, self.worst = (torch_policy, onnx_policy), 0.0
+
+    def reset(self, instruction: str) -> None:
+        for policy in self.policies:
+            policy.reset(instruction)
+
+    def act(self, obs: dict) -> np.ndarray:
+        a, b = (policy.act_chunk(obs) for policy in self.policies)
+        self.worst = max(self.worst, float(np.abs(a - b).max()))
+        return a[0]
+
+
 def parity(torch_policy, onnx_policy, tasks: list[str], steps: int | None = None, seed: int = 0) -> dict[str, float]:
     """Max |action difference| per task over one rollout each (driven by the torch policy's actions);
     `steps` caps the rollout (None = the whole episode)."""
+    from vla.evaluation.episode import episode_steps
     from vla.evaluation.evaluate import policy_env
 
     diffs = {}
     for task in tasks:
         env = policy_env(task, torch_policy.spec)
         try:
-            obs, _ = env.reset(seed=seed)
-            torch_policy.reset(obs["instruction"])
-            onnx_policy.reset(obs["instruction"])
-            worst = 0.0
-            for _ in range(steps or env.spec.max_episode_steps):
-                a, b = torch_policy.act_chunk(obs), onnx_policy.act_chunk(obs)
-                worst = max(worst, float(np.abs(a - b).max()))
-                obs, _, terminated, truncated, _ = env.step(a[0])
-                if terminated or truncated:
-                    break
-            diffs[task] = worst
+            pair = _ParityPair(torch_policy, onnx_policy)
+            for _ in episode_steps(env, pair, seed, max_steps=steps or None):
+                pass
+            diffs[task] = pair.worst
         finally:
             env.close()
     return diffs
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="vla-export", description=__doc__.split("\n\n")[0])
-    parser.add_argument("--checkpoint", required=True, help="checkpoint directory (vla-train --out)")
-    parser.add_argument("--out", help="output directory (default CHECKPOINT/export)")
-    parser.add_argument(
-        "--int8", action="store_true", help="also write an int8 step graph (dynamic quantization), parity reported"
-    )
-    parser.add_argument(
-        "--parity-steps",
-        type=int,
-        default=30,
-        help="rollout steps per task for the parity check (default 30; 0 = skip)",
-    )
-    args = parser.parse_args(argv)
-    from vla.cli import common as cli
-
-    return cli.run("vla-export", lambda: _run(args))
-
-
-def _run(args) -> int:
-    import envs
-    from vla.policy.onnx_policy import load_onnx_policy
-    from vla.policy.torch_policy import load_policy
-
-    torch.set_num_threads(1)
-    if args.parity_steps < 0:
-        raise ValueError("--parity-steps must be >= 0")
-    policy = load_policy(args.checkpoint, device="cpu")
-    out = Path(args.out) if args.out else Path(args.checkpoint) / "export"
-    try:
-        manifest = export_policy(policy, out, int8=args.int8)
-    except ExportError as e:
-        print(f"vla-export: {args.checkpoint}: {e}", file=sys.stderr)
-        return 2
-    files = ", ".join(g["file"] for g in manifest["graphs"].values())
-    print(f"wrote {out}/ ({files}, manifest.json) in {manifest['export_seconds']} s")
-    if not args.parity_steps:
-        return 0
-    manifest["parity"] = {"steps": args.parity_steps, "tolerance": PARITY_TOL}
-    for name, int8 in (("fp32", False), ("int8", True))[: 1 + args.int8]:
-        diffs = parity(policy, load_onnx_policy(out, threads=1, int8=int8), envs.TASKS, args.parity_steps)
-        for task, d in diffs.items():
-            print(f"parity {name} {task}: max |action difference| {d:.2e} (rollout of <= {args.parity_steps} steps)")
-        manifest["parity"]["max_abs_diff" if name == "fp32" else "int8_max_abs_diff"] = diffs
-    (out / "manifest.json").write_text(json.dumps(manifest, indent=1))
-    worst = max(manifest["parity"]["max_abs_diff"].values())
-    if worst > PARITY_TOL:
-        print(
-            f"vla-export: parity failed: max |action difference| {worst:.2e} > {PARITY_TOL:g} (fp32)", file=sys.stderr
-        )
-        return 1
-    return 0
-
-
-if __name__ == "__main__":
-    sys.exit(main())

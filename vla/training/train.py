@@ -1,22 +1,19 @@
-"""Behaviour cloning: `vla-train --config configs/demo.yaml --data data/demo.hdf5 --out runs/demo`.
+"""Behaviour cloning, what `vla-train --config configs/demo.yaml --data data/demo.hdf5 --out runs/demo` runs.
 
 Reads top to bottom (`train`): set up the device and seeds, read the data (tokenizers fitted on the
 training split, or read back on resume), build the model and optimizer, then loop: batch -> loss on
 action tokens -> AdamW step; every side job (logging, validation, closed-loop evaluation,
 checkpointing) is a call with a name. `--resume` continues exactly where the last complete checkpoint
 left off, after any interruption (kill -9, Ctrl-C, `train.stop_at`).
-Distributed: `torchrun --nproc-per-node N -m vla.training.train ...` (DDP; gloo on CPU, nccl on CUDA).
+Distributed: `torchrun --nproc-per-node N -m vla.cli.train ...` (DDP; gloo on CPU, nccl on CUDA).
 """
 
 from __future__ import annotations
 
-import argparse
 import contextlib
 import dataclasses
 import hashlib
-import json
 import math
-import os
 import random
 import sys
 from dataclasses import dataclass
@@ -25,8 +22,8 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla.checkpoint import Checkpoint, has_checkpoint, load_checkpoint, save_checkpoint
-from vla.cli import common as cli
+from vla.checkpoint import Checkpoint, save_checkpoint
+from vla.files import write_json
 from vla.config import ConfigError, apply_overrides, from_dict, to_dict
 from vla.data.hdf5_format import DatasetError
 from vla.data.sources import open_source
@@ -36,7 +33,7 @@ from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.model.vision_encoder import FOLDER as VISION_FOLDER
 from vla.policy.torch_policy import Policy, pick_device
 from vla.training.augment import random_shift
-from vla.training.config import DataConfig, OptimConfig, TrainConfig, load_config
+from vla.training.config import DataConfig, OptimConfig, TrainConfig
 from vla.training.delay_prefix import commit_random_prefix
 from vla.training.distributed import Distributed
 from vla.training.run_log import RunLog, SilentLog
@@ -444,68 +441,3 @@ def side_jobs(model, data, meta, cfg: TrainConfig, out: Path, step: int, evaluat
         log.scalars(step, {"valid/loss": vloss})
         score = -vloss if cfg.eval.episodes <= 0 else score
     return score
-
-
-# ----------------------------------------------------------------------------------------- CLI
-
-
-def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(
-        prog="vla-train",
-        description=__doc__.split("\n\n")[0],
-        epilog="Overrides: dotted keys, e.g. train.steps=200 model.n_layer=2 (unknown keys are errors).",
-    )
-    parser.add_argument("--config", help="YAML preset, e.g. configs/demo.yaml (default: the built-in defaults)")
-    parser.add_argument("--data", help="HDF5 dataset (vla-collect --out); with --resume, default: the run's own")
-    parser.add_argument("--out", required=True, help="run/checkpoint directory")
-    parser.add_argument("--resume", action="store_true", help="continue OUT's run from its last complete checkpoint")
-    parser.add_argument(
-        "--init", metavar="CHECKPOINT",
-        help="start from this checkpoint's weights and tokenizers (its config unless --config; its model "
-        "settings unless the config sets others), with a fresh optimizer and schedule: fine-tuning, DAgger",
-    )  # fmt: skip
-    parser.add_argument("overrides", nargs="*", help="key=value config overrides")
-    args, unknown = parser.parse_known_args(argv)
-    bad = [u for u in unknown if not (u.startswith("--") and "=" in u)]
-    if bad:
-        parser.error(f"unrecognized arguments: {' '.join(bad)}")
-    if not args.resume and not args.data:
-        parser.error("--data is required (except with --resume)")
-    if args.resume and args.init:
-        parser.error("--init starts a run and --resume continues one: give one of them")
-    os.environ.setdefault("MUJOCO_GL", "egl")
-
-    def body() -> int:
-        out = Path(args.out)
-        resume = None
-        if args.resume:
-            if not has_checkpoint(out):
-                raise ConfigError(f"{out}: nothing to resume (no complete checkpoint); drop --resume to start a run")
-            resume = load_checkpoint(out)
-            cfg = saved_config(resume, args.overrides + unknown)
-            data_path = args.data or resume.meta["data"]
-        else:
-            if has_checkpoint(out):
-                raise ConfigError(f"{out} already holds a run; pass --resume to continue it or choose another --out")
-            cfg = load_config(args.config, args.overrides + unknown)
-            data_path = args.data
-        init = None
-        if args.init:
-            init = load_checkpoint(args.init)
-            if not args.config:
-                cfg = saved_config(init, args.overrides + unknown)
-            cfg = with_model_of(cfg, init)
-        try:
-            summary = train(cfg, data_path, out, resume, init)
-        except NonFiniteError as e:
-            print(f"vla-train: error: {e}", file=sys.stderr)
-            return 3
-        if int(os.environ.get("RANK", "0")) == 0:
-            print(json.dumps({k: summary[k] for k in ("step", "final_loss", "skipped_nonfinite", "world_size")}))
-        return 0
-
-    return cli.run("vla-train", body)
-
-
-if __name__ == "__main__":
-    sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from vla.bench import main
-
-sys.exit(main())

@@ -1,5 +1,0 @@
-import sys
-
-from vla.serve import main
-
-sys.exit(main())
