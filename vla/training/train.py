@@ -23,7 +23,6 @@ import numpy as np
 import torch
 
 from vla.checkpoint import Checkpoint, save_checkpoint
-from vla.files import write_json
 from vla.config import ConfigError, apply_overrides, from_dict, to_dict
 from vla.data.hdf5_format import DatasetError
 from vla.data.sources import open_source
