@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -24,39 +23,9 @@ from torch.utils.data import Dataset
 
 from vla.data.hdf5_format import DatasetError, ObsKeys
 from vla.data.sources import EpisodeSource, open_source
-from vla.model.text_encoder import KIND as ENCODER_KIND
-from vla.model.text_encoder import EncoderTokenizer
-from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
-
-
-@dataclass
-class Tokenizers:
-    """Everything that turns raw observations/actions into model inputs; saved with a checkpoint."""
-
-    text: TextTokenizer | EncoderTokenizer  # a word table, or a pretrained text encoder's own tokenizer
-    action: ActionTokenizer
-    proprio: ProprioNormalizer
-
-    @property
-    def text_fingerprint(self) -> str:
-        """The text encoder folder's fingerprint (vla/model/text_encoder.py), "" for the word table."""
-        return self.text.fingerprint if isinstance(self.text, EncoderTokenizer) else ""
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text.to_dict(),
-            "action": self.action.to_dict(),
-            "proprio": self.proprio.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Tokenizers:
-        return cls(
-            text=(EncoderTokenizer if d["text"].get("kind") == ENCODER_KIND else TextTokenizer).from_dict(d["text"]),
-            action=ActionTokenizer.from_dict(d["action"]),
-            proprio=ProprioNormalizer.from_dict(d["proprio"]),
-        )
+from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer, Tokenizers
+from vla.tokenizers.encoder import EncoderTokenizer
 
 
 def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> EpisodeSource:
