@@ -36,6 +36,7 @@ class StampPolicy:
         self.calls: list[tuple[int, np.ndarray | None]] = []
         self.steps: list[int] = []  # the step index stamped on each call
         self.cfg = type("Cfg", (), {"committed_actions": committed_slots})()
+        self.reads_committed = committed_slots
 
     def reset(self, instruction):
         self.t = 0

@@ -15,7 +15,7 @@ from vla.export.graphs import ExportError, MaskGraph, PrefixGraph, StepGraph, ex
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.policy.config import PolicyConfig
 from vla.policy.onnx_policy import load_onnx_policy
-from vla.policy.torch_policy import Policy, load_policy
+from vla.policy.torch_policy import Policy, load_policy, torch_policy
 
 TOL = 1e-4
 
@@ -34,7 +34,7 @@ def demo_like(tiny_checkpoint, **overrides) -> Policy:
         for p in (model.rel_bias, model.instr_bias):
             if p is not None:
                 p.normal_(0, 1.0)
-    return Policy(model, base.tok, base.meta)
+    return torch_policy(model, base.tok, base.meta)
 
 
 @pytest.mark.parametrize("time_encoding", ["relative", "sinusoidal"])

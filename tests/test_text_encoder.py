@@ -27,8 +27,8 @@ from vla.data.sources import open_source
 from vla.export.graphs import ExportError, check_exportable
 from vla.model import ActionTransformer
 from vla.model.text_encoder import FrozenTextEncoder, TextEncoderError, fingerprint
-from vla.tokenizers.encoder import EncoderTokenizer
 from vla.policy.torch_policy import load_policy
+from vla.tokenizers.encoder import EncoderTokenizer
 from vla.training.config import load_config
 from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step

@@ -17,8 +17,6 @@ many ticks held.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 
 from vla.config import ConfigError
@@ -33,14 +31,10 @@ class DelayedPolicy:
         cfg = getattr(policy, "config", None)
         self.strategy = make_strategy(strategy, policy.chunk, execute, getattr(cfg, "ensemble_coeff", 0.0))
         require_raw_chunks(strategy, cfg)
-        if strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
+        if strategy == "delay_aware" and not policy.reads_committed:
             raise ConfigError(
                 "strategy 'delay_aware' needs a checkpoint trained with committed action slots "
-                "(model.committed_actions=true train.delay_aware_max=N); this one has none"
-            )
-        if strategy == "delay_aware" and "committed" not in inspect.signature(policy.act_chunk).parameters:
-            raise ConfigError(
-                f"strategy 'delay_aware' needs a policy that takes committed actions, not a {type(policy).__name__}"
+                "(model.committed_actions=true train.delay_aware_max=N) on the torch backend; this one has none"
             )
         self.policy, self.delay = policy, delay
         self.reset_state()

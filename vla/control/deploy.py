@@ -148,10 +148,6 @@ def _run(args) -> int:
     local = {"--backend": args.backend != "torch", "--device": args.device is not None,
              "--threads": args.threads is not None}  # fmt: skip
     cli.check_policy_source(args, local)
-    if args.strategy == "delay_aware" and args.backend != "torch":
-        raise UserError(
-            "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"
-        )
     latency, jitter = args.inject_latency_ms
     if args.max_delta < 0:
         raise UserError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
@@ -184,10 +180,10 @@ def _run(args) -> int:
         policy = cli.open_policy(server=args.server, token=args.token, timeout=reply_timeout(config), **overrides)
     else:
         policy = _load_here(args, overrides)
-    if config.strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
+    if config.strategy == "delay_aware" and not policy.reads_committed:
         raise UserError(
             "--strategy delay_aware needs a checkpoint trained with model.committed_actions=true "
-            "train.delay_aware_max=N; this one has no committed action slots"
+            "train.delay_aware_max=N, on the torch backend; this one has no committed action slots it can feed"
         )
     robot = SimRobot(policy_env(task, policy.spec), seed=args.seed)
     guard = ActionGuard.from_robot(robot, max_delta=args.max_delta or None, limit_gripper=args.limit_gripper)
