@@ -15,7 +15,8 @@ import pytest
 
 import envs  # noqa: F401 - registers the tasks
 from vla.control import deploy
-from vla.control.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
+from vla.control.controller import Controller, ControllerConfig, InferenceWorker
+from vla.control.guard import ActionGuard
 from vla.control.robot import Robot, SimRobot
 
 # ------------------------------------------------------------------------------------- virtual time

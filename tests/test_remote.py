@@ -15,7 +15,8 @@ import pytest
 
 from tests.conftest import run_main
 from tests.serving import ServerProcess, in_process_chunks, observations, wait_until
-from vla.control.controller import ActionGuard, Controller, ControllerConfig
+from vla.control.controller import Controller, ControllerConfig
+from vla.control.guard import ActionGuard
 from vla.errors import PolicyUnavailable, UserError
 from vla.policy.remote import RemoteError, RemotePolicy
 from vla.policy.torch_policy import load_policy

@@ -35,10 +35,7 @@ vla/policy/remote.py) is an inference that never arrives: its ticks fall back an
 one's, so a lost server ends in the safe stop within `max_consecutive_misses` ticks, and the result says
 why (`policy_unavailable`, `unavailable_reason`). Any other policy error ends the loop (robot holding).
 
-Action guard (`ActionGuard`): a non-finite action is rejected (the last safe action is held), every
-action is clamped to the action space, and each motion dim may change by at most `max_delta` per tick
-(gripper dims are exempt by default: they are open/close set-points whose actuator already limits
-speed, and a smoothed close would pass through half-open grips that drop the object).
+Action guard (`ActionGuard`, vla/control/guard.py): every action is made safe before it is sent.
 
 Latency injection (`inject_latency_ms`, `inject_jitter_ms`) sleeps inside every inference, uniform in
 [X - J, X + J] ms, to test all of the above against a slow policy.
@@ -56,6 +53,7 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from vla.config import ConfigError
+from vla.control.guard import ActionGuard
 from vla.control.robot import Robot
 from vla.control.smoothness import smoothness
 from vla.errors import PolicyUnavailable
@@ -107,69 +105,6 @@ class ControllerConfig:
         if self.strategy != "blocking":
             return self.strategy, self.execute
         return ("chunk", 1) if self.async_inference else None
-
-
-class ActionGuard:
-    """Makes any policy output safe to send: rejects NaN/Inf, clamps to [low, high], limits the rate.
-
-    `max_delta`: largest change per tick of each rate-limited dim (action units; None = no limit).
-    `free_dims`: dims exempt from the rate limit (the gripper's, by default in `from_robot`).
-    `start_from_rest`: the first action is rate-limited from zero (delta actions: zero is no motion).
-    `counts` tallies each intervention: nonfinite (rejected), clamped, rate_limited.
-    """
-
-    def __init__(
-        self,
-        low,
-        high,
-        max_delta: float | None = 1.0,
-        free_dims: tuple[int, ...] = (),
-        start_from_rest: bool = True,
-    ):
-        self.low = np.asarray(low, dtype=np.float32)
-        self.high = np.asarray(high, dtype=np.float32)
-        if self.low.shape != self.high.shape or np.any(self.low > self.high):
-            raise ValueError(f"bad action bounds: low {self.low}, high {self.high}")
-        if max_delta is not None and not max_delta > 0:
-            raise ValueError(f"max_delta must be positive (or None for no rate limit), got {max_delta}")
-        self.max_delta = max_delta
-        self.limited = np.ones(self.low.shape, dtype=bool)  # which dims the rate limit applies to
-        for d in free_dims:
-            self.limited[d] = False
-        self.start_from_rest = start_from_rest
-        self.reset()
-
-    @classmethod
-    def from_robot(cls, robot: Robot, max_delta: float | None = 1.0, limit_gripper: bool = False) -> ActionGuard:
-        free = () if limit_gripper else tuple(getattr(robot, "gripper_dims", ()))
-        space = robot.action_space
-        return cls(space.low, space.high, max_delta=max_delta, free_dims=free)
-
-    def reset(self) -> None:
-        self.last_safe: np.ndarray | None = None  # the last action let through, (A,)
-        self.counts = {"nonfinite": 0, "clamped": 0, "rate_limited": 0}
-
-    def __call__(self, action) -> np.ndarray | None:
-        """The safe version of `action` (A,); the last safe action (None before any) if it is rejected."""
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != self.low.shape:
-            raise ValueError(f"action has shape {a.shape}, the action space {self.low.shape}")
-        if not np.all(np.isfinite(a)):
-            self.counts["nonfinite"] += 1
-            return None if self.last_safe is None else self.last_safe.copy()
-        out = np.clip(a, self.low, self.high)
-        if not np.array_equal(out, a):
-            self.counts["clamped"] += 1
-        reference = self.last_safe
-        if reference is None and self.start_from_rest:
-            reference = np.zeros_like(out)
-        if self.max_delta is not None and reference is not None:
-            limited = np.where(self.limited, np.clip(out, reference - self.max_delta, reference + self.max_delta), out)
-            if not np.array_equal(limited, out):
-                self.counts["rate_limited"] += 1
-            out = np.clip(limited, self.low, self.high).astype(np.float32)
-        self.last_safe = out
-        return out.copy()
 
 
 @dataclass

@@ -168,8 +168,9 @@ def _run(args) -> int:
     import envs
 
     task = envs.task_id(args.task)
-    from vla.control.controller import ActionGuard, Controller
+    from vla.control.controller import Controller
     from vla.control.delay import raw_chunk_overrides
+    from vla.control.guard import ActionGuard
     from vla.control.robot import SimRobot
     from vla.evaluation.evaluate import policy_env
 
