@@ -183,6 +183,19 @@ def test_committed_actions_travel_to_the_policy(server, policy):
             np.testing.assert_array_equal(got[:1], committed)
 
 
+def test_raw_chunks_travel_as_predict_chunk(server, policy):
+    """A client that schedules chunks itself asks for the network's whole chunk: predict_chunk's, as in process,
+    from a server episode that ensembles its act_chunk (the saved default)."""
+    obs = observations(policy.spec, seed=7, n=4)
+    local = policy.fork()
+    local.reset(INSTRUCTION)
+    assert local.config.temporal_ensemble
+    with RemotePolicy(server.url) as remote:
+        remote.reset(INSTRUCTION)
+        for o in obs:
+            np.testing.assert_array_equal(remote.predict_chunk(o), local.predict_chunk(o))
+
+
 def test_the_onnxruntime_backend_serves_each_connection_its_own_episode(tiny_checkpoint, tmp_path):
     """Forked onnxruntime policies share the sessions, not the streaming state; committed actions come back as
     the chunk's first rows, as on torch (this model has no committed slots to condition on)."""
@@ -309,7 +322,8 @@ def test_a_slow_client_never_blocks_another(server, policy):
 
 BAD_MESSAGES = ("malformed msgpack", "a text frame", "not a map", "an object array", "bytes that do not fill the shape",
                 "a wrong image shape", "a float image", "a wrong proprio shape", "a boolean proprio", "no proprio",
-                "both spellings", "no episode yet", "bad committed", "a policy typo", "a negative step")  # fmt: skip
+                "both spellings", "no episode yet", "bad committed", "a policy typo", "a negative step",
+                "a non-boolean raw")  # fmt: skip
 
 
 def bad_messages(spec) -> dict[str, tuple]:
@@ -339,6 +353,7 @@ def bad_messages(spec) -> dict[str, tuple]:
         "bad committed": (wire.pack({**good, "committed": np.zeros((3, A + 1), np.float32)}), "'committed' must"),
         "a policy typo": (raw(policy={"temporal_ensembel": False}), "did you mean 'temporal_ensemble'"),
         "a negative step": (wire.pack({**good, "step": -1}), "'step' must be"),
+        "a non-boolean raw": (wire.pack({**good, "raw": 1}), "'raw' must be"),
     }
 
 

@@ -57,7 +57,7 @@ from vla.control.guard import ActionGuard
 from vla.control.robot import Robot
 from vla.control.smoothness import smoothness
 from vla.errors import PolicyUnavailable
-from vla.policy.strategies import Strategy, check_strategy_options, make_strategy, require_raw_chunks
+from vla.policy.strategies import STRATEGIES, Strategy, check_strategy_options, make_strategy
 
 
 @dataclass
@@ -247,15 +247,15 @@ class Controller:
         self.clock, self.sleep, self.make_worker = clock, sleep, worker
         self._rng = np.random.default_rng(self.cfg.seed)
         self._policy_step: Callable[[int], int] = int  # tick -> the policy's step index (the strategy's, once built)
+        self._raw_chunks = False  # does the loop's strategy schedule the network's whole chunks itself
 
     def _infer(self, obs: dict, tick: int, committed: np.ndarray | None = None) -> np.ndarray:
-        """One policy decision (chunk, A), stamped with the tick's index, plus any injected latency."""
+        """One policy decision (chunk, A), stamped with the tick's index, plus any injected latency: the network's
+        whole chunk (`predict_chunk`) for a strategy that schedules chunks itself, else the policy as configured."""
         if hasattr(self.policy, "t"):
             self.policy.t = self._policy_step(tick)  # real ticks, also across skipped ones (synchronous: its moves)
-        if committed is None:
-            actions = np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
-        else:
-            actions = np.asarray(self.policy.act_chunk(obs, committed=committed), dtype=np.float32)
+        infer = self.policy.predict_chunk if self._raw_chunks else self.policy.act_chunk
+        actions = np.asarray(infer(obs, committed=committed), dtype=np.float32)
         if actions.ndim == 1:
             actions = actions[None]  # a policy without chunks: (A,) -> (1, A)
         cfg = self.cfg
@@ -272,6 +272,7 @@ class Controller:
         guard.reset()
         period, budget = cfg.period_s, cfg.budget_ms / 1e3
         plan = cfg.worker_strategy
+        self._raw_chunks = plan is not None and STRATEGIES[plan[0]].raw_chunks
         worker = self.make_worker(self._infer, self.clock) if plan is not None else None
         self._policy_step = int
         strategy: Strategy | None = None  # the worker loop's, built once the first chunk tells its length
@@ -437,10 +438,9 @@ class Controller:
         return k
 
     def _strategy(self, plan: tuple[str, int], chunk: int) -> Strategy:
-        """The worker loop's strategy for chunks of `chunk` rows; the policy must hand over its own chunks."""
+        """The worker loop's strategy for chunks of `chunk` rows (the network's whole chunks: `_infer(raw=True)`)."""
         name, execute = plan
         cfg = getattr(self.policy, "config", None)
-        require_raw_chunks(name, cfg)
         return make_strategy(name, chunk, min(execute, chunk), getattr(cfg, "ensemble_coeff", 0.0))
 
     def _record(self, result: RunResult, t_tick: float, source: str) -> None:

@@ -169,14 +169,11 @@ def _run(args) -> int:
 
     task = envs.task_id(args.task)
     from vla.control.controller import Controller
-    from vla.control.delay import raw_chunk_overrides
     from vla.control.guard import ActionGuard
     from vla.control.robot import SimRobot
     from vla.evaluation.evaluate import policy_env
 
     overrides = cli.policy_overrides(args.policy) | ({"kv_cache": False} if args.no_kv_cache else {})
-    if config.worker_strategy is not None:  # the strategy schedules the raw chunks; an explicit --policy wins
-        overrides = raw_chunk_overrides(config.worker_strategy[0]) | overrides
     if args.server is not None:
         policy = cli.open_policy(server=args.server, token=args.token, timeout=reply_timeout(config), **overrides)
     else:

@@ -438,10 +438,6 @@ def _run(args) -> int:
         policy_kwargs = {"server": args.server, "token": args.token, **cli.policy_overrides(args.policy)}
     if args.no_kv_cache:
         policy_kwargs["kv_cache"] = False
-    if delay is not None:
-        from vla.control.delay import raw_chunk_overrides
-
-        policy_kwargs = raw_chunk_overrides(delay["strategy"]) | policy_kwargs  # an explicit --policy wins
     policy = cli.open_policy(args.checkpoint, **policy_kwargs)
     trained = policy.meta.get("tasks") or envs.TASKS
     if args.tasks == "trained":

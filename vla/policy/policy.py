@@ -79,14 +79,35 @@ class Policy(PolicySurface):
         self._ensembler.reset()
         self._plan, self._plan_t, self._started, self.t = None, None, True, 0
 
+    def predict_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
+        """The network's whole chunk for this step, (chunk, A) in [-1, 1], executed by nobody here: no plan, no
+        ensembling (what an execution strategy schedules itself, vla/policy/strategies.py). `committed` as
+        in `act_chunk`."""
+        _, values = self._infer(obs, committed)
+        return np.clip(values, -1.0, 1.0).astype(np.float32)
+
     def act_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
         """This step's action followed by the predicted next ones: (chunk - k, A) in [-1, 1], where k is
-        how many actions of the executing chunk were already used (k = 0 with n_action_steps = 1).
+        how many actions of the executing chunk were already used (k = 0 with n_action_steps = 1); with
+        temporal_ensemble each row is the ensemble of every stored chunk's prediction of it.
 
         `committed` (n, A): actions already decided for this step and the next n - 1 (they execute while
         this inference runs; vla/policy/strategies.py, delay_aware). The returned chunk's first n rows are
         exactly `committed`; a model with committed action slots (`reads_committed`) decodes the rest of
         the chunk conditioned on them."""
+        done = self.config.plan_row(self.t, self._plan_t)  # actions of the current plan already executed
+        t, values = self._infer(obs, committed, readout=not done)
+        if done:  # the current plan still has this step's row
+            return self._plan[done:]
+        if self.config.temporal_ensemble:
+            self._ensembler.coeff = self.config.ensemble_coeff
+            values = self._ensembler.update(t, values)
+        self._plan, self._plan_t = np.clip(values, -1.0, 1.0).astype(np.float32), t
+        return self._plan
+
+    def _infer(self, obs: dict, committed, readout: bool = True) -> tuple[int, np.ndarray | None]:
+        """Run this step through the backend (every step joins the context) -> (its step index, its (chunk, A)
+        values with the committed rows in place, or None without `readout`)."""
         if not self._started:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         frames, proprio = check_observation(obs, self.image_keys, self.spec.image_size, self.spec.proprio_dim)
@@ -94,18 +115,13 @@ class Policy(PolicySurface):
         fixed = None if committed is None else self._checked_committed(committed)
         bins = None if fixed is None else self._committed_bins(fixed)
         t, self.t = self.t, self.t + 1
-        done = self.config.plan_row(t, self._plan_t)  # actions of the current plan already executed
-        logits = self.backend.step(np.ascontiguousarray(frames[None]), norm, t, bins)  # every step joins the context
-        if done and self._plan is not None:
-            return self._plan[done:]
+        logits = self.backend.step(np.ascontiguousarray(frames[None]), norm, t, bins)
+        if not readout:
+            return t, None
         values = self._readout(logits)
         if fixed is not None:
             values[: len(fixed)] = fixed
-        if self.config.temporal_ensemble:
-            self._ensembler.coeff = self.config.ensemble_coeff
-            values = self._ensembler.update(t, values)
-        self._plan, self._plan_t = np.clip(values, -1.0, 1.0).astype(np.float32), t
-        return self._plan
+        return t, values
 
     def _readout(self, logits: np.ndarray) -> np.ndarray:
         """One step's logits (chunk*A, bins) -> (chunk, A) action values."""

@@ -97,11 +97,18 @@ class RemotePolicy(PolicySurface):
 
     def act_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
         """This step's action followed by the predicted next ones, (rows, A) float32: Policy.act_chunk's."""
+        return self._step(obs, committed, raw=False)
+
+    def predict_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
+        """The network's whole chunk for this step, (chunk, A) float32: Policy.predict_chunk's."""
+        return self._step(obs, committed, raw=True)
+
+    def _step(self, obs: dict, committed: np.ndarray | None, raw: bool) -> np.ndarray:
         if not self._episode:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         if not isinstance(obs, dict):
             raise TypeError(f"obs must be a dict of observations, got {type(obs).__name__}")
-        message = {"step": self.t}
+        message = {"step": self.t, **({"raw": True} if raw else {})}
         for key in (*self.image_keys, "proprio"):
             if key not in obs:
                 raise KeyError(f"observation is missing '{key}' (has: {', '.join(sorted(obs))})")
