@@ -132,8 +132,8 @@ def main(argv: list[str] | None = None) -> int:
         "--threads",
         type=int,
         default=None,
-        help="torch intra-op threads (default on CPU: 1; more threads spin against the control loop "
-        "and anything else on the cores, and a small model's step gains little from them)",
+        help="CPU threads of the policy step (default: load_policy's, at most 2 and one core left for the loop; "
+        "more threads spin against the control loop, and a small model's step gains little from them)",
     )
     cli.add_backend(parser)
     parser.add_argument("--quiet", action="store_true", help="no summary on stdout")
@@ -208,17 +208,11 @@ def _run(args) -> int:
 
 
 def _load_here(args, overrides: dict):
-    """The checkpoint's policy in this process, on --threads torch threads (1 by default on a CPU)."""
-    import torch
+    """The checkpoint's policy in this process, its step on --threads CPU threads (default: load_policy's choice)."""
+    from vla.policy.load import load_policy
 
-    from vla.policy.torch_policy import load_policy
-
-    if args.backend != "torch":  # its session takes torch's thread count when it is made
-        torch.set_num_threads(args.threads or 1)
-    policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
-    if args.threads is not None or policy.device.type == "cpu":
-        torch.set_num_threads(args.threads or 1)
-    return policy
+    device = cli.device(args.device)
+    return load_policy(args.checkpoint, device=device, backend=args.backend, threads=args.threads, **overrides)
 
 
 def reply_timeout(config) -> float:

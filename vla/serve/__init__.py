@@ -96,6 +96,8 @@ def _load(args):
     torch.set_num_threads(args.threads)
     overrides = cli.policy_overrides(args.policy)
     try:
-        return load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
+        return load_policy(
+            args.checkpoint, device=cli.device(args.device), backend=args.backend, threads=args.threads, **overrides
+        )
     except PolicyLoadError as e:  # --backend onnxruntime on a checkpoint never exported
         raise UserError(str(e)) from None
