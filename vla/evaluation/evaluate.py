@@ -400,13 +400,12 @@ def main(argv: list[str] | None = None) -> int:
     return cli.run("vla-eval", lambda: _run(args))
 
 
-def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None) -> dict:
-    """`evaluate` at `--threads` torch threads (default: torch's), then the caller's count again (tests and
-    notebooks keep their own setting)."""
+def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None, before: int) -> dict:
+    """`evaluate` at `--threads` torch threads (default: load_policy's), then the caller's count `before` again
+    (tests and notebooks keep their own setting)."""
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(args.threads or before)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     try:
         result = evaluate(policy, tasks, args.episodes_per_task, args.seed, args.instructions, args.video, delay=delay)
         result["torch_threads"] = torch.get_num_threads()
@@ -417,7 +416,11 @@ def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None) -> 
 
 
 def _run(args) -> int:
+    import torch
+
     import envs
+
+    caller_threads = torch.get_num_threads()  # load_policy sets the step's; the in-process evaluation gives it back
 
     local = {"--backend": args.backend != "torch", "--device": args.device is not None,
              "--threads": args.threads is not None, "--attention": args.attention is not None}  # fmt: skip
@@ -467,7 +470,7 @@ def _run(args) -> int:
         )  # fmt: skip
         result["torch_threads"] = WORKER_THREADS
     else:
-        result = _evaluate_in_process(policy, tasks, args, delay)
+        result = _evaluate_in_process(policy, tasks, args, delay, caller_threads)
     if args.experts:
         add_expert_rates(result, json.loads(Path(args.experts).read_text()), args.seed, args.experts)
     result["seconds"] = time.perf_counter() - start
