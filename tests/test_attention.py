@@ -5,7 +5,7 @@ import pytest
 
 from vla.cli.eval import main as eval_main
 from vla.evaluation.attention import first_action_attention
-from vla.policy.torch_policy import load_policy
+from vla.policy.load import load_policy
 
 
 @pytest.fixture(scope="module")
@@ -55,11 +55,10 @@ def test_keypoint_heat_maps_are_drawn_for_keypoint_models(tmp_path):
     import torch
 
     import envs  # noqa: F401
-    from vla.data.windows import Tokenizers
     from vla.evaluation.attention import plot_attention
     from vla.model import ActionTransformer, DataSpec, ModelConfig
-    from vla.policy.torch_policy import Policy
-    from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
+    from vla.policy.torch_policy import torch_policy
+    from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer, Tokenizers
 
     torch.manual_seed(0)
     text = TextTokenizer.fit(["reach the red block"])
@@ -67,7 +66,7 @@ def test_keypoint_heat_maps_are_drawn_for_keypoint_models(tmp_path):
     spec = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=text.vocab_size)
     action = ActionTokenizer(bins=cfg.action_bins, low=-np.ones(4), high=np.ones(4))
     tok = Tokenizers(text, action, ProprioNormalizer(np.zeros(9), np.ones(9)))
-    policy = Policy(ActionTransformer(cfg, spec), tok, meta={})
+    policy = torch_policy(ActionTransformer(cfg, spec), tok, meta={})
     env = gym.make("tabletop/Reach-v0")
     obs, _ = env.reset(seed=3)
     policy.reset(obs["instruction"])

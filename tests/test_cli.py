@@ -77,17 +77,17 @@ def test_device_flag_is_checked_up_front():
 
 
 def test_vla_eval_bug_propagates(monkeypatch, tmp_path):
-    import vla.policy.torch_policy
+    import vla.policy.load
 
-    monkeypatch.setattr(vla.policy.torch_policy, "load_policy", raising(KeyError("a bug, not bad input")))
+    monkeypatch.setattr(vla.policy.load, "load_policy", raising(KeyError("a bug, not bad input")))
     with pytest.raises(KeyError, match="a bug"):
         evaluate.main(["--checkpoint", str(tmp_path), "--episodes-per-task", "1"])
 
 
 def test_vla_deploy_bug_propagates(monkeypatch, tmp_path):
-    import vla.policy.torch_policy
+    import vla.policy.load
 
-    monkeypatch.setattr(vla.policy.torch_policy, "load_policy", raising(ValueError("a bug, not bad input")))
+    monkeypatch.setattr(vla.policy.load, "load_policy", raising(ValueError("a bug, not bad input")))
     with pytest.raises(ValueError, match="a bug"):
         deploy.main(["--checkpoint", str(tmp_path), "--task", "reach", "--json", str(tmp_path / "d.json")])
 

@@ -307,7 +307,7 @@ def test_a_driver_policy_acts_and_the_expert_labels_what_it_visits(tiny_checkpoi
     import gymnasium as gym
 
     import envs
-    from vla.policy.torch_policy import load_policy
+    from vla.policy.load import load_policy
 
     out = tmp_path / "dagger.hdf5"
     argv = ["--tasks", PUSH, "--episodes-per-task", "2", "--driver", str(tiny_checkpoint), "--out", str(out)]

@@ -15,7 +15,8 @@ import pytest
 
 import envs  # noqa: F401 - registers the tasks
 from vla.cli import deploy
-from vla.control.controller import ActionGuard, Controller, ControllerConfig, InferenceWorker
+from vla.control.controller import Controller, ControllerConfig, InferenceWorker
+from vla.control.guard import ActionGuard
 from vla.control.robot import Robot, SimRobot
 
 # ------------------------------------------------------------------------------------- virtual time
@@ -140,6 +141,8 @@ class FakePolicy:
             rows[:] = np.nan
         self.t += 1
         return rows
+
+    predict_chunk = act_chunk  # no plan and no ensembling here: the whole chunk either way
 
 
 def action(t, r):
@@ -349,15 +352,21 @@ def test_delay_aware_in_wall_clock_commits_what_executes_during_the_inference(cl
             np.testing.assert_allclose(committed, [sent[tick], sent[tick + 1]])
 
 
-def test_a_strategy_refuses_a_policy_that_ensembles_or_replans_itself(clock, tiny_checkpoint):
-    from vla.policy.torch_policy import load_policy
+def test_a_strategy_takes_the_whole_chunks_whatever_the_policy_is_configured_to_execute(tiny_checkpoint):
+    """The worker loop's strategy schedules the network's chunks itself (`predict_chunk`): a policy loaded to
+    ensemble and re-plan on its own drives the robot exactly as one loaded without either."""
+    from vla.policy.load import load_policy
 
-    policy = load_policy(tiny_checkpoint, device="cpu")  # temporal_ensemble=True as saved
-    robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0, clock=clock)
-    config = ControllerConfig(strategy="ensemble", warmup=0, seconds=0.2)
-    with pytest.raises(ValueError, match="temporal_ensemble=False"):
-        Controller(policy, robot, config, clock=clock, sleep=clock.sleep, worker=VirtualWorker).run()
-    robot.close()
+    executed = []
+    for options in ({}, {"temporal_ensemble": False}):  # the saved default ensembles
+        policy, clock = load_policy(tiny_checkpoint, device="cpu", **options), VirtualClock()
+        robot = SimRobot(gym.make("tabletop/Reach-v0", image_size=64), seed=0, clock=clock)
+        config = ControllerConfig(strategy="ensemble", warmup=0, seconds=0.4)
+        result = Controller(policy, robot, config, clock=clock, sleep=clock.sleep, worker=VirtualWorker).run()
+        robot.close()
+        executed.append(np.stack([a for a in result.executed if a is not None]))
+    assert len(executed[0]) > 3
+    np.testing.assert_array_equal(*executed)
 
 
 def test_schedule_is_absolute_no_drift(clock):

@@ -19,8 +19,8 @@ from vla.cli.train import main as train_main
 from vla.control.delay import DelayedPolicy
 from vla.control.smoothness import smoothness
 from vla.evaluation.evaluate import evaluate
+from vla.policy.load import load_policy
 from vla.policy.strategies import STRATEGIES, make_strategy
-from vla.policy.torch_policy import load_policy
 from vla.training.delay_prefix import commit_random_prefix
 
 GRIP = 0.5
@@ -36,6 +36,7 @@ class StampPolicy:
         self.calls: list[tuple[int, np.ndarray | None]] = []
         self.steps: list[int] = []  # the step index stamped on each call
         self.cfg = type("Cfg", (), {"committed_actions": committed_slots})()
+        self.reads_committed = committed_slots
 
     def reset(self, instruction):
         self.t = 0
@@ -50,6 +51,8 @@ class StampPolicy:
         if committed is not None:
             rows[: len(committed)] = committed
         return rows
+
+    predict_chunk = act_chunk  # no plan and no ensembling here: the whole chunk either way
 
 
 def drive(policy, ticks):
@@ -182,9 +185,11 @@ def test_at_zero_delay_each_strategy_executes_what_todays_evaluation_does(tiny_c
     raw = load_policy(tiny_checkpoint, device="cpu", temporal_ensemble=False)
     today = rollout(configured)
     np.testing.assert_allclose(rollout(DelayedPolicy(configured, "blocking", delay=0)), today, atol=1e-6)
-    np.testing.assert_allclose(rollout(DelayedPolicy(raw, "ensemble", delay=0)), today, atol=1e-6)
+    for policy in (raw, configured):  # the scheduling strategies take the whole chunks (predict_chunk) of either
+        np.testing.assert_allclose(rollout(DelayedPolicy(policy, "ensemble", delay=0)), today, atol=1e-6)
     no_ensemble = rollout(raw)
-    np.testing.assert_allclose(rollout(DelayedPolicy(raw, "chunk", delay=0, execute=1)), no_ensemble, atol=1e-6)
+    for policy in (raw, configured):
+        np.testing.assert_allclose(rollout(DelayedPolicy(policy, "chunk", delay=0, execute=1)), no_ensemble, atol=1e-6)
     np.testing.assert_allclose(rollout(DelayedPolicy(configured, "synchronous", delay=0, execute=1)), today, atol=1e-6)
     assert not np.allclose(today, no_ensemble)  # the two references differ, so the equalities say something
 
@@ -213,8 +218,10 @@ def test_the_simulation_is_deterministic_given_the_seeds(tiny_checkpoint):
     assert runs[0]["episodes_detail"] == runs[1]["episodes_detail"] and runs[0]["smoothness"] == runs[1]["smoothness"]
     sm = runs[0]["smoothness"]["tabletop/Reach-v0"]
     assert set(sm) == {"jerk", "boundary_jump", "step_change", "hold_fraction"} and 0 < sm["hold_fraction"] < 0.1
-    with pytest.raises(ValueError, match="temporal_ensemble=False"):
-        DelayedPolicy(load_policy(tiny_checkpoint, device="cpu"), "chunk", delay=1)  # would ensemble twice
+    configured = load_policy(tiny_checkpoint, device="cpu")  # temporal_ensemble=True, as saved
+    assert configured.config.temporal_ensemble
+    again = evaluate(configured, ["tabletop/Reach-v0"], 2, seed=3, progress=False, delay=delay)
+    assert again["episodes_detail"] == runs[0]["episodes_detail"]  # the strategy takes the whole chunks either way
 
 
 # ------------------------------------------------------------------------------------- delay-aware training
@@ -275,7 +282,7 @@ def test_vla_eval_runs_delay_aware_on_a_delay_aware_checkpoint(
     result = json.loads(out.read_text())
     assert result["delay"] == {"delay_ticks": 1, "strategy": "delay_aware", "execute": 0, "execute_effective": 1,
                                "chunk": 2}  # fmt: skip
-    assert result["policy"]["temporal_ensemble"] is False and "jerk" in result["smoothness"]["overall"]
+    assert "jerk" in result["smoothness"]["overall"]
     capsys.readouterr()
     assert eval_main(["--checkpoint", str(tiny_checkpoint), "--episodes-per-task", "1", "--tasks", "reach",
                       "--delay-ticks", "1", "--strategy", "delay_aware"]) == 2  # fmt: skip
@@ -311,7 +318,7 @@ def test_vla_eval_delay_flags_write_the_usual_json_plus_delay_and_smoothness(tin
                       "--json", str(out)]) == 0  # fmt: skip
     result = json.loads(out.read_text())
     assert result["tasks"]["tabletop/Reach-v0"]["episodes"] == 2 and result["overall"]["episodes"] == 2
-    assert result["delay"]["strategy"] == "ensemble" and result["policy"]["temporal_ensemble"] is False
+    assert result["delay"]["strategy"] == "ensemble"
     assert set(result["smoothness"]) == {"tabletop/Reach-v0", "overall"}
 
 

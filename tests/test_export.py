@@ -14,8 +14,9 @@ from tests.conftest import run_cli, run_main
 from vla.export.graphs import ExportError, MaskGraph, PrefixGraph, StepGraph, export_policy, parity
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.policy.config import PolicyConfig
-from vla.policy.onnx_policy import load_onnx_policy
-from vla.policy.torch_policy import Policy, load_policy
+from vla.policy.load import load_policy
+from vla.policy.policy import Policy
+from vla.policy.torch_policy import torch_policy
 
 TOL = 1e-4
 
@@ -34,7 +35,7 @@ def demo_like(tiny_checkpoint, **overrides) -> Policy:
         for p in (model.rel_bias, model.instr_bias):
             if p is not None:
                 p.normal_(0, 1.0)
-    return Policy(model, base.tok, base.meta)
+    return torch_policy(model, base.tok, base.meta)
 
 
 @pytest.mark.parametrize("time_encoding", ["relative", "sinusoidal"])
@@ -71,7 +72,7 @@ def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint, time_encodi
 
 def full_rollout_parity(policy, out) -> dict:
     export_policy(policy, out)
-    return parity(policy, load_onnx_policy(out, threads=1), envs.TASKS, steps=None)
+    return parity(policy, load_policy(out, backend="onnxruntime", threads=1), envs.TASKS, steps=None)
 
 
 # The tests that read `cli_export` run on one worker, which exports once (pytest-xdist --dist loadgroup).
@@ -129,7 +130,7 @@ def test_argmax_readout_and_action_chunks_agree(tiny_checkpoint, tmp_path):
     export_policy(policy, tmp_path)
     for options in ({"readout": "argmax"}, {"temporal_ensemble": False, "n_action_steps": 2}):
         policy.config = PolicyConfig(**options)
-        onnx = load_onnx_policy(tmp_path, threads=1, **options)
+        onnx = load_policy(tmp_path, backend="onnxruntime", threads=1, **options)
         diffs = parity(policy, onnx, envs.TASKS[:2], steps=20)
         assert max(diffs.values()) <= TOL, (options, diffs)
 

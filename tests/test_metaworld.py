@@ -136,7 +136,7 @@ def test_collect_train_and_evaluate_a_metaworld_task(tmp_path):
     from vla.cli.train import main as train_main
     from vla.data.hdf5_format import demo_meta, demo_names, open_dataset, read_env_args
     from vla.evaluation.evaluate import add_expert_rates, format_table, run_episode, summarize
-    from vla.policy.torch_policy import load_policy
+    from vla.policy.load import load_policy
 
     data = tmp_path / "mw.hdf5"
     argv = ["--tasks", REACH, "--episodes-per-task", "1", "--workers", "1", "--out", str(data), "--quiet"]

@@ -242,7 +242,7 @@ def test_uncached_policy_feeds_past_action_tokens_like_the_cache_under_stream_sc
 
     from vla.model import ActionTransformer
     from vla.policy.config import PolicyConfig
-    from vla.policy.torch_policy import Policy
+    from vla.policy.torch_policy import torch_policy
 
     base = load_policy(tiny_checkpoint)
     cfg = dataclasses.replace(base.cfg, causal_scope="stream", action_decoding="autoregressive")
@@ -252,8 +252,8 @@ def test_uncached_policy_feeds_past_action_tokens_like_the_cache_under_stream_sc
         for block in model.blocks:
             block.attn.c_attn.weight[: 2 * cfg.d_model] *= 15.0
     settings = {"readout": "expectation", "temporal_ensemble": False}
-    cached = Policy(model, base.tok, base.meta, PolicyConfig(kv_cache=True, **settings))
-    uncached = Policy(model, base.tok, base.meta, PolicyConfig(kv_cache=False, **settings))
+    cached = torch_policy(model, base.tok, base.meta, PolicyConfig(kv_cache=True, **settings))
+    uncached = torch_policy(model, base.tok, base.meta, PolicyConfig(kv_cache=False, **settings))
     env = gym.make("tabletop/Reach-v0", image_size=base.spec.image_size)
     obs, _ = env.reset(seed=2)
     cached.reset(obs["instruction"])

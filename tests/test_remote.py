@@ -15,10 +15,11 @@ import pytest
 
 from tests.conftest import run_main
 from tests.serving import ServerProcess, in_process_chunks, observations, wait_until
-from vla.control.controller import ActionGuard, Controller, ControllerConfig
+from vla.control.controller import Controller, ControllerConfig
+from vla.control.guard import ActionGuard
 from vla.errors import PolicyUnavailable, UserError
+from vla.policy.load import load_policy
 from vla.policy.remote import RemoteError, RemotePolicy
-from vla.policy.torch_policy import load_policy
 from vla.serve.server import PolicyServer, ServerThread
 
 INSTRUCTION = "push the red block to the green target"

@@ -25,8 +25,8 @@ from websockets.sync.client import connect
 
 from tests.conftest import run_main
 from tests.serving import ServerProcess, in_process_chunks, observations, stalled_sender, wait_until
+from vla.policy.load import load_policy
 from vla.policy.remote import RemoteError, RemotePolicy
-from vla.policy.torch_policy import load_policy
 from vla.serve import wire
 from vla.serve.server import PolicyServer, ServerThread
 
@@ -183,13 +183,26 @@ def test_committed_actions_travel_to_the_policy(server, policy):
             np.testing.assert_array_equal(got[:1], committed)
 
 
+def test_raw_chunks_travel_as_predict_chunk(server, policy):
+    """A client that schedules chunks itself asks for the network's whole chunk: predict_chunk's, as in process,
+    from a server episode that ensembles its act_chunk (the saved default)."""
+    obs = observations(policy.spec, seed=7, n=4)
+    local = policy.fork()
+    local.reset(INSTRUCTION)
+    assert local.config.temporal_ensemble
+    with RemotePolicy(server.url) as remote:
+        remote.reset(INSTRUCTION)
+        for o in obs:
+            np.testing.assert_array_equal(remote.predict_chunk(o), local.predict_chunk(o))
+
+
 def test_the_onnxruntime_backend_serves_each_connection_its_own_episode(tiny_checkpoint, tmp_path):
-    """Forked OnnxPolicies share the sessions, not the streaming state; committed actions are refused."""
+    """Forked onnxruntime policies share the sessions, not the streaming state; committed actions come back as
+    the chunk's first rows, as on torch (this model has no committed slots to condition on)."""
     from vla.export.graphs import export_policy
-    from vla.policy.onnx_policy import load_onnx_policy
 
     export_policy(load_policy(tiny_checkpoint, device="cpu"), tmp_path / "export")
-    onnx = load_onnx_policy(tmp_path / "export", threads=1)
+    onnx = load_policy(tmp_path / "export", backend="onnxruntime", threads=1)
     obs_a, obs_b = observations(onnx.spec, seed=5, n=6), observations(onnx.spec, seed=6, n=6)
     with ServerThread(PolicyServer(onnx, backend="onnxruntime")) as running:
         a, b = RemotePolicy(running.url), RemotePolicy(running.url)
@@ -200,8 +213,9 @@ def test_the_onnxruntime_backend_serves_each_connection_its_own_episode(tiny_che
         for oa, ob in zip(obs_a, obs_b, strict=True):
             got_a.append(a.act_chunk(oa))
             got_b.append(b.act_chunk(ob))
-        with pytest.raises(RemoteError, match="torch backend"):
-            a.act_chunk(obs_a[0], committed=np.zeros((1, onnx.action_dim), np.float32))
+        raw, committed = RemotePolicy(running.url, temporal_ensemble=False), np.full((1, onnx.action_dim), 0.25)
+        raw.reset(INSTRUCTION)
+        np.testing.assert_array_equal(raw.act_chunk(obs_a[0], committed=committed)[:1], committed)
     for got, want in zip(got_a, in_process_chunks(onnx, INSTRUCTION, obs_a), strict=True):
         np.testing.assert_array_equal(got, want)
     for got, want in zip(got_b, in_process_chunks(onnx, "stack the red block on the blue block", obs_b), strict=True):
@@ -307,7 +321,8 @@ def test_a_slow_client_never_blocks_another(server, policy):
 
 BAD_MESSAGES = ("malformed msgpack", "a text frame", "not a map", "an object array", "bytes that do not fill the shape",
                 "a wrong image shape", "a float image", "a wrong proprio shape", "a boolean proprio", "no proprio",
-                "both spellings", "no episode yet", "bad committed", "a policy typo", "a negative step")  # fmt: skip
+                "both spellings", "no episode yet", "bad committed", "a policy typo", "a negative step",
+                "a non-boolean raw")  # fmt: skip
 
 
 def bad_messages(spec) -> dict[str, tuple]:
@@ -337,6 +352,7 @@ def bad_messages(spec) -> dict[str, tuple]:
         "bad committed": (wire.pack({**good, "committed": np.zeros((3, A + 1), np.float32)}), "'committed' must"),
         "a policy typo": (raw(policy={"temporal_ensembel": False}), "did you mean 'temporal_ensemble'"),
         "a negative step": (wire.pack({**good, "step": -1}), "'step' must be"),
+        "a non-boolean raw": (wire.pack({**good, "raw": 1}), "'raw' must be"),
     }
 
 

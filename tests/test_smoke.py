@@ -10,7 +10,7 @@ import json
 import pytest
 
 from tests.conftest import run_cli, run_main
-from vla.policy.torch_policy import load_policy
+from vla.policy.load import load_policy
 
 
 @pytest.mark.slow

@@ -27,8 +27,9 @@ from vla.config import ConfigError
 from vla.data.sources import open_source
 from vla.export.graphs import ExportError, check_exportable
 from vla.model import ActionTransformer
-from vla.model.text_encoder import EncoderTokenizer, FrozenTextEncoder, TextEncoderError, fingerprint
-from vla.policy.torch_policy import load_policy
+from vla.model.text_encoder import FrozenTextEncoder, TextEncoderError, fingerprint
+from vla.policy.load import load_policy
+from vla.tokenizers.encoder import EncoderTokenizer
 from vla.training.config import load_config
 from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step
@@ -284,7 +285,7 @@ def test_resume_with_an_encoder_continues_the_run(run, tmp_path):
 
 def test_the_core_never_imports_transformers_without_a_text_encoder(tiny_checkpoint):
     code = (
-        "import sys; from vla.policy.torch_policy import load_policy; import vla.training.train; "
+        "import sys; from vla.policy.load import load_policy; import vla.training.train; "
         f"p = load_policy({str(tiny_checkpoint)!r}, device='cpu'); p.reset('put the red block in the bin'); "
         "assert 'transformers' not in sys.modules, 'transformers was imported'"
     )

@@ -1,11 +1,19 @@
-"""Tokenizer round trips: actions within half a bin, instructions exactly, save/load identical."""
+"""Tokenizer round trips: actions within half a bin, instructions exactly, to_dict/from_dict identical."""
+
+import json
+import subprocess
+import sys
 
 import numpy as np
 import pytest
-import torch
 
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
 from vla.tokenizers.text import BOS_ID, PAD_ID
+
+
+def bin_width(tok: ActionTokenizer) -> np.ndarray:
+    """(A,) the widest spacing between neighbouring centres (uniform: all equal)."""
+    return np.diff(tok.centres, axis=1).max(axis=1)
 
 
 def expert_like_actions(n=4000, dims=4, seed=0):
@@ -32,17 +40,14 @@ def test_action_roundtrip_within_half_bin(mode):
     assert tokens.dtype == np.int64 and tokens.shape == a.shape
     assert tokens.min() >= 0 and tokens.max() < 256
     err = np.abs(tok.decode(tokens) - a)
-    assert (err <= tok.bin_width / 2 + 1e-6).all(), (err.max(0), tok.bin_width)
-    report = tok.roundtrip_report(a)
-    assert np.allclose(report["max_abs_error"], err.max(0), atol=1e-6)
-    assert len(report["mean_abs_error"]) == a.shape[1] and report["outside_bounds_fraction"] == [0.0] * 4
+    assert (err <= bin_width(tok) / 2 + 1e-6).all(), (err.max(0), bin_width(tok))
 
 
 def test_uniform_bin_width_and_error_bound():
     a = expert_like_actions()
     tok = ActionTokenizer(bins=256).fit(a)
-    assert np.allclose(tok.bin_width, (tok.high - tok.low) / 255)
-    assert max(tok.roundtrip_report(a)["max_abs_error"]) <= 1.0 / 255 + 1e-9  # half of 2/255
+    assert np.allclose(bin_width(tok), (tok.high - tok.low) / 255)
+    assert np.abs(tok.decode(tok.encode(a)) - a).max() <= 1.0 / 255 + 1e-6  # half of 2/255
 
 
 @pytest.mark.parametrize("mode", ["uniform", "quantile", "mulaw"])
@@ -53,7 +58,7 @@ def test_saturated_actions_roundtrip_exactly(mode):
     assert np.array_equal(tok.low, [-1.0] * 3) and np.array_equal(tok.high, [1.0] * 3)
     limits = np.array([[-1.0] * 3, [1.0] * 3])
     assert np.array_equal(tok.decode(tok.encode(limits)), limits.astype(np.float32))
-    assert (np.abs(tok.decode(tok.encode(a)) - a) <= tok.bin_width / 2 + 1e-6).all()
+    assert (np.abs(tok.decode(tok.encode(a)) - a) <= bin_width(tok) / 2 + 1e-6).all()
 
 
 def test_bounds_robust_to_outliers_when_not_saturating():
@@ -64,23 +69,13 @@ def test_bounds_robust_to_outliers_when_not_saturating():
     assert (tok.high < 0.6).all() and (tok.low > -0.6).all()
 
 
-def test_action_save_load_identical_tokens(tmp_path):
+def test_action_to_dict_from_dict_identical_tokens():
     a = expert_like_actions(n=500)
     for mode in ("uniform", "quantile", "mulaw"):
         tok = ActionTokenizer(bins=32, mode=mode).fit(a)
-        tok.save(tmp_path / f"{mode}.json")
-        again = ActionTokenizer.load(tmp_path / f"{mode}.json")
+        again = ActionTokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
         assert np.array_equal(again.encode(a), tok.encode(a))
         assert np.array_equal(again.decode(tok.encode(a)), tok.decode(tok.encode(a)))
-
-
-def test_action_torch_in_torch_out():
-    a = expert_like_actions(n=100, dims=3)
-    tok = ActionTokenizer(bins=16).fit(a)
-    t = tok.encode(torch.tensor(a, dtype=torch.float32))
-    assert t.dtype == torch.int64 and torch.equal(t, torch.from_numpy(tok.encode(a.astype(np.float32))))
-    back = tok.decode(t.view(10, 10, 3))
-    assert back.shape == (10, 10, 3) and back.dtype == torch.float32
 
 
 def test_action_unfitted_and_bad_mode():
@@ -104,41 +99,33 @@ def test_text_roundtrip_normalized():
     assert tok.decode(tok.encode("  PUT   the bowl ")) == "put the bowl"
 
 
-def test_text_unseen_words_and_characters_fall_back_to_bytes():
-    tok = TextTokenizer.fit(INSTRUCTIONS, unknown="bytes")
-    for s in ["put the zebra in the bowl", "stack the crème brûlée", "把红色方块放进碗里", "go 🤖 now", "tab\tsep"]:
-        assert tok.decode(tok.encode(s)) == " ".join(s.lower().split())
-    assert tok.encode("") == [BOS_ID] and tok.decode([BOS_ID]) == ""
-
-
 def test_text_unseen_pieces_are_one_unk_token_each():
-    tok = TextTokenizer.fit(INSTRUCTIONS)  # the default: unknown="unk"
+    tok = TextTokenizer.fit(INSTRUCTIONS)
     seen, unseen = tok.encode("put the red block"), tok.encode("put the crimson cuboid")
     assert len(unseen) == len(seen) and unseen[:3] == seen[:3]
     assert unseen[3] == unseen[4] and tok.decode(unseen) == "put the <unk> <unk>"
     assert tok.encode("put the <unk>") != unseen  # typed text cannot forge the sentinel
     assert tok.decode(tok.encode("put 🤖 the")) == "put <unk> the"
     again = TextTokenizer.from_dict(tok.to_dict())
-    assert again.unknown == "unk" and again.encode("put the crimson cuboid") == unseen
-    old = {"kind": "word+byte", "version": 1, "pad_id": 0, "bos_id": 1, "words": [" put"]}  # before <unk>
-    assert TextTokenizer.from_dict(old).encode("put x") == [BOS_ID, 2 + 256, 2 + ord(" "), 2 + ord("x")]
+    assert again.encode("put the crimson cuboid") == unseen
+    old = {"kind": "word+byte", "version": 2, "pad_id": 0, "bos_id": 1, "unknown": "bytes", "words": [" put"]}
+    with pytest.raises(ValueError, match="byte fallback is retired"):
+        TextTokenizer.from_dict(old)
 
 
 def test_text_truncation_and_batch_padding():
-    tok = TextTokenizer.fit(INSTRUCTIONS, unknown="bytes")
+    tok = TextTokenizer.fit(INSTRUCTIONS)
     ids = tok.encode(INSTRUCTIONS[0], max_len=4)
     assert len(ids) == 4 and tok.decode(ids) == "put the red"
-    batch = tok.encode_batch(INSTRUCTIONS + ["xyz"], max_len=12)
+    batch = tok.encode_batch(INSTRUCTIONS + ["xyz the"], max_len=12)
     assert batch.shape == (4, 12) and batch.dtype == np.int64
-    assert list(batch[3, :6]) == [BOS_ID, 2 + ord(" "), 2 + ord("x"), 2 + ord("y"), 2 + ord("z"), PAD_ID]
-    assert tok.decode(batch[3]) == "xyz"
-    assert tok.decode(tok.encode("é", max_len=3)) == "\ufffd"  # a cut multi-byte character never crashes
+    unk, the = tok.encode("xyz the")[1:]
+    assert list(batch[3, :4]) == [BOS_ID, unk, the, PAD_ID] and tok.decode(batch[3]) == "<unk> the"
 
 
-def test_text_save_load_identical_tokens(tmp_path):
+def test_text_to_dict_from_dict_identical_tokens():
     tok = TextTokenizer.fit(INSTRUCTIONS, min_count=1)
-    tok.save(tmp_path / "text.json")
-    again = TextTokenizer.load(tmp_path / "text.json")
+    again = TextTokenizer.from_dict(json.loads(json.dumps(tok.to_dict())))
     assert again.vocab_size == tok.vocab_size == 2 + 256 + len(tok.words)
     for s in INSTRUCTIONS + ["unseen words, ünïcode"]:
         assert again.encode(s, 16) == tok.encode(s, 16)
@@ -149,7 +136,7 @@ def test_text_save_load_identical_tokens(tmp_path):
 # ---------------------------------------------------------------------------------------- proprio
 
 
-def test_proprio_normalizer(tmp_path):
+def test_proprio_normalizer():
     rng = np.random.default_rng(0)
     x = rng.normal(3.0, 2.0, size=(1000, 5)).astype(np.float32)
     x[:, 4] = 0.25  # a constant dimension: std floored, no division blow-up
@@ -157,8 +144,11 @@ def test_proprio_normalizer(tmp_path):
     z = norm.normalize(x)
     assert np.allclose(z[:, :4].mean(0), 0, atol=1e-4) and np.allclose(z[:, :4].std(0), 1, atol=1e-3)
     assert np.all(z[:, 4] == 0) and norm.std[4] == pytest.approx(1e-2)
-    zt = norm.normalize(torch.from_numpy(x))
-    assert isinstance(zt, torch.Tensor) and np.allclose(zt.numpy(), z, atol=1e-6)
-    assert np.allclose(norm.denormalize(z), x, atol=1e-5)
-    norm.save(tmp_path / "proprio.json")
-    assert np.array_equal(ProprioNormalizer.load(tmp_path / "proprio.json").normalize(x), z)
+    again = ProprioNormalizer.from_dict(json.loads(json.dumps(norm.to_dict())))
+    assert np.array_equal(again.normalize(x), z)
+
+
+def test_tokenizers_are_numpy_only():
+    """The robot side (load_policy with onnxruntime) runs the tokenizers without torch."""
+    code = "import sys; import vla.tokenizers; assert 'torch' not in sys.modules and 'h5py' not in sys.modules"
+    subprocess.run([sys.executable, "-c", code], check=True)

@@ -14,7 +14,7 @@ import torch
 import envs  # noqa: F401 - registers the tasks
 from vla.checkpoint import load_checkpoint, load_meta
 from vla.cli.train import main as train_main
-from vla.policy.torch_policy import load_policy
+from vla.policy.load import load_policy
 from vla.training.config import OptimConfig, load_config
 from vla.training.weight_average import WeightAverage
 

@@ -28,7 +28,7 @@ from vla.config import ConfigError
 from vla.export.graphs import ExportError, check_exportable
 from vla.model import ActionTransformer
 from vla.model.vision_encoder import VisionEncoder, VisionEncoderError, fingerprint, relocated
-from vla.policy.torch_policy import load_policy
+from vla.policy.load import load_policy
 from vla.training.config import load_config
 from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step

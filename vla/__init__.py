@@ -2,26 +2,18 @@
 
 A trained policy drives a robot with `load_policy(DIR)`, then `policy.reset(instruction)` once per
 episode and `policy.act(obs)` every control step (see README, "Evaluate, deploy, look inside").
+`load_policy` is vla/policy/load.py's, imported on first use so that `import vla` stays light.
 """
 
 __version__ = "0.1.0"
 
 
-def load_policy(checkpoint_dir, device=None, kv_cache=None, backend="torch", **overrides):
-    """Load a trained policy from a checkpoint directory (safetensors + JSON; never unpickles).
+def __getattr__(name: str):
+    if name == "load_policy":
+        from vla.policy.load import load_policy
 
-    `kv_cache` and `overrides` replace PolicyConfig fields saved with the checkpoint (readout,
-    temporal_ensemble, ensemble_coeff, n_action_steps, temperature). backend="onnxruntime" runs the
-    graphs `vla-export` wrote (DIR/export/, or DIR itself) without importing torch."""
-    if backend == "onnxruntime":
-        from vla.policy.onnx_policy import load_onnx_policy
-
-        if kv_cache is not None:
-            overrides["kv_cache"] = kv_cache
-        return load_onnx_policy(checkpoint_dir, **overrides)
-    from vla.policy.torch_policy import load_policy as _load
-
-    return _load(checkpoint_dir, device=device, kv_cache=kv_cache, backend=backend, **overrides)
+        return load_policy
+    raise AttributeError(f"module 'vla' has no attribute {name!r}")
 
 
 __all__ = ["load_policy", "__version__"]

@@ -64,7 +64,7 @@ def run(args) -> dict:
     import envs
     from vla.cli import common as cli
     from vla.evaluation.evaluate import EVAL_SEED, delay_options
-    from vla.policy.torch_policy import load_policy
+    from vla.policy.load import load_policy
 
     delays = parse_list(args.delays, "delays", int)
     if args.episodes_per_task < 1 or args.workers < 1:
@@ -90,7 +90,6 @@ def run(args) -> dict:
     (out / "points").mkdir(parents=True, exist_ok=True)
     settings = {"checkpoint": str(args.checkpoint), "tasks": tasks, "episodes_per_task": args.episodes_per_task,
                 "seed": seed, "execute": args.execute}  # fmt: skip
-    policies = {}  # per override set, for the in-process path (_evaluate_point)
     points = []
     bar = tqdm([(s, d) for s in strategies for d in delays], desc="delay sweep", file=sys.stderr)
     for strategy, d in bar:
@@ -101,7 +100,7 @@ def run(args) -> dict:
             if saved.get("settings") == settings:
                 points.append(saved)
                 continue
-        result = _evaluate_point(args, plain, policies, strategy, d, tasks, seed, device)
+        result = _evaluate_point(args, plain, strategy, d, tasks, seed, device)
         point = {"strategy": strategy, "delay_ticks": d, "settings": settings, **result}
         path.write_text(json.dumps(point, indent=2) + "\n")  # as it goes: a rerun resumes from here
         points.append(point)
@@ -131,25 +130,18 @@ def _strategies(asked: list[str] | None, has_committed: bool) -> list[str]:
     return strategies
 
 
-def _evaluate_point(args, plain, policies: dict, strategy: str, d: int, tasks: list[str], seed: int, device) -> dict:
+def _evaluate_point(args, plain, strategy: str, d: int, tasks: list[str], seed: int, device) -> dict:
     """One point of the sweep: vla-eval's result for `strategy` at delay d, in worker processes or in this one
-    (`policies` keeps the policies built here, one per override set)."""
-    from vla.control.delay import raw_chunk_overrides
+    (`plain`: the policy built here)."""
     from vla.evaluation.evaluate import delay_options, evaluate, evaluate_parallel, policy_info
-    from vla.policy.torch_policy import load_policy
 
     delay = delay_options(d, strategy, args.execute)
-    overrides = raw_chunk_overrides(strategy)
     if args.workers > 1:
-        options = {"device": device, **overrides}
         return evaluate_parallel(args.checkpoint, tasks, args.episodes_per_task, seed, "own", None, args.workers,
-                                 options, delay, progress=False)  # fmt: skip
-    key = tuple(sorted(overrides.items()))
-    if key not in policies:
-        policies[key] = load_policy(args.checkpoint, device=device, **overrides) if overrides else plain
-    policy = policies[key]
-    result = evaluate(policy, tasks, args.episodes_per_task, seed, progress=False, delay=delay)
-    return {**result, "policy": policy_info(policy)}
+                                 {"device": device}, delay, progress=False)  # fmt: skip
+    # a strategy that schedules chunks itself takes the network's whole chunks (predict_chunk)
+    result = evaluate(plain, tasks, args.episodes_per_task, seed, progress=False, delay=delay)
+    return {**result, "policy": policy_info(plain)}
 
 
 def _row(point: dict) -> dict:

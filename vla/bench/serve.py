@@ -235,9 +235,9 @@ def run(args) -> dict:
     clients = _check(args)
     import torch
 
+    from vla.policy.load import load_policy
     from vla.policy.onnx_policy import PolicyLoadError
     from vla.policy.remote import RemotePolicy
-    from vla.policy.torch_policy import load_policy
 
     torch.set_num_threads(args.threads)
     try:

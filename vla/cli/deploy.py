@@ -87,17 +87,12 @@ def main(argv: list[str] | None = None) -> int:
 def _run(args) -> int:
     import envs
     from vla.control.controller import ControllerConfig
-    from vla.control.delay import raw_chunk_overrides
     from vla.control.deploy import DeployRun, deploy, format_summary, reply_timeout
     from vla.evaluation.evaluate import open_policy
 
     local = {"--backend": args.backend != "torch", "--device": args.device is not None,
              "--threads": args.threads is not None}  # fmt: skip
     cli.check_policy_source(args, local)
-    if args.strategy == "delay_aware" and args.backend != "torch":
-        raise UserError(
-            "--strategy delay_aware runs on --backend torch (the exported graphs take no committed actions)"
-        )
     if args.max_delta < 0:
         raise UserError(f"--max-delta must be >= 0 (0 = no limit), got {args.max_delta}")
     if args.threads is not None and args.threads < 1:
@@ -110,8 +105,6 @@ def _run(args) -> int:
     )  # fmt: skip
     task = envs.task_id(args.task)
     overrides = cli.policy_overrides(args.overrides) | ({"kv_cache": False} if args.no_kv_cache else {})
-    if config.worker_strategy is not None:  # the strategy schedules the raw chunks; an explicit override wins
-        overrides = raw_chunk_overrides(config.worker_strategy[0]) | overrides
     if args.server is not None:
         policy = open_policy(server=args.server, token=args.token, timeout=reply_timeout(config), **overrides)
     else:
@@ -129,17 +122,11 @@ def _run(args) -> int:
 
 
 def _load_here(args, overrides: dict):
-    """The checkpoint's policy in this process, on --threads torch threads (1 by default on a CPU)."""
-    import torch
+    """The checkpoint's policy in this process, its step on --threads CPU threads (default: load_policy's choice)."""
+    from vla.policy.load import load_policy
 
-    from vla.policy.torch_policy import load_policy
-
-    if args.backend != "torch":  # its session takes torch's thread count when it is made
-        torch.set_num_threads(args.threads or 1)
-    policy = load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
-    if args.threads is not None or policy.device.type == "cpu":
-        torch.set_num_threads(args.threads or 1)
-    return policy
+    device = cli.device(args.device)
+    return load_policy(args.checkpoint, device=device, backend=args.backend, threads=args.threads, **overrides)
 
 
 if __name__ == "__main__":

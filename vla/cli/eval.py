@@ -34,7 +34,7 @@ def build_parser() -> cli.Parser:
     parser.add_argument("--device", default=None, help="cpu, cuda (default: cuda if available)")
     parser.add_argument(
         "--threads", type=int, default=None, metavar="N",
-        help="torch threads of the in-process evaluation (default: torch's, every core; set 1 beside a training "
+        help="torch threads of the in-process evaluation (default: load_policy's; set 1 beside a training "
         "run); --workers processes use 1 each",
     )  # fmt: skip
     parser.add_argument("--no-kv-cache", action="store_true", help="recompute the window every step")
@@ -80,6 +80,9 @@ def _run(args) -> int:
     delay = ev.delay_options(args.delay_ticks, args.strategy, args.execute)
     experts = read_experts(args.experts, args.seed) if args.experts else None
     policy_kwargs = _policy_kwargs(args, delay)
+    import torch
+
+    caller_threads = torch.get_num_threads()  # load_policy sets the step's; the in-process evaluation gives it back
     policy = ev.open_policy(args.checkpoint, **policy_kwargs)
     tasks = _tasks(args.tasks, policy.meta.get("tasks"))
     if args.attention:
@@ -95,7 +98,7 @@ def _run(args) -> int:
             )  # fmt: skip
             result["torch_threads"] = ev.WORKER_THREADS
         else:
-            result = _evaluate_in_process(policy, tasks, args, delay)
+            result = _evaluate_in_process(policy, tasks, args, delay, caller_threads)
     except PolicyUnavailable as e:  # the server went away mid-evaluation: nothing was run on a half answer
         print(f"{PROG}: safe stop: {cli.one_line(e)}", file=sys.stderr)
         return cli.SAFE_STOP
@@ -145,10 +148,6 @@ def _policy_kwargs(args, delay: dict | None) -> dict:
         kwargs = {"server": args.server, "token": args.token, **overrides}
     if args.no_kv_cache:
         kwargs["kv_cache"] = False
-    if delay is not None:
-        from vla.control.delay import raw_chunk_overrides
-
-        kwargs = raw_chunk_overrides(delay["strategy"]) | kwargs  # an explicit override wins
     return kwargs
 
 
@@ -174,13 +173,12 @@ def _attention(policy, tasks: list[str], args) -> None:
         print(f"{task}: {len(paths)} attention figures in {args.attention}")
 
 
-def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None) -> dict:
-    """`evaluate` at `--threads` torch threads (default: torch's), then the caller's count again (tests and
-    notebooks keep their own setting)."""
+def _evaluate_in_process(policy, tasks: list[str], args, delay: dict | None, before: int) -> dict:
+    """`evaluate` at `--threads` torch threads (default: load_policy's), then the caller's count `before` again
+    (tests and notebooks keep their own setting)."""
     import torch
 
-    before = torch.get_num_threads()
-    torch.set_num_threads(args.threads or before)
+    torch.set_num_threads(args.threads or torch.get_num_threads())
     try:
         result = ev.evaluate(policy, tasks, args.episodes_per_task, args.seed, args.instructions, args.video,
                              delay=delay)  # fmt: skip

@@ -92,17 +92,11 @@ def _run(args) -> int:
 
 def _load(args):
     """The checkpoint's policy on this machine (its threads set before an onnxruntime session is made)."""
-    import torch
+    from vla.policy.load import load_policy
 
-    from vla.policy.onnx_policy import PolicyLoadError
-    from vla.policy.torch_policy import load_policy
-
-    torch.set_num_threads(args.threads)
     overrides = cli.policy_overrides(args.overrides)
-    try:
-        return load_policy(args.checkpoint, device=cli.device(args.device), backend=args.backend, **overrides)
-    except PolicyLoadError as e:  # --backend onnxruntime on a checkpoint never exported
-        raise UserError(str(e)) from None
+    device = cli.device(args.device)
+    return load_policy(args.checkpoint, device=device, backend=args.backend, threads=args.threads, **overrides)
 
 
 if __name__ == "__main__":

@@ -35,10 +35,7 @@ vla/policy/remote.py) is an inference that never arrives: its ticks fall back an
 one's, so a lost server ends in the safe stop within `max_consecutive_misses` ticks, and the result says
 why (`policy_unavailable`, `unavailable_reason`). Any other policy error ends the loop (robot holding).
 
-Action guard (`ActionGuard`): a non-finite action is rejected (the last safe action is held), every
-action is clamped to the action space, and each motion dim may change by at most `max_delta` per tick
-(gripper dims are exempt by default: they are open/close set-points whose actuator already limits
-speed, and a smoothed close would pass through half-open grips that drop the object).
+Action guard (`ActionGuard`, vla/control/guard.py): every action is made safe before it is sent.
 
 Latency injection (`inject_latency_ms`, `inject_jitter_ms`) sleeps inside every inference, uniform in
 [X - J, X + J] ms, to test all of the above against a slow policy.
@@ -56,10 +53,11 @@ from dataclasses import asdict, dataclass, field
 import numpy as np
 
 from vla.config import ConfigError
+from vla.control.guard import ActionGuard
 from vla.control.robot import Robot
 from vla.control.smoothness import smoothness
 from vla.errors import PolicyUnavailable
-from vla.policy.strategies import Strategy, check_strategy_options, make_strategy, require_raw_chunks
+from vla.policy.strategies import STRATEGIES, Strategy, check_strategy_options, make_strategy
 
 
 @dataclass
@@ -107,69 +105,6 @@ class ControllerConfig:
         if self.strategy != "blocking":
             return self.strategy, self.execute
         return ("chunk", 1) if self.async_inference else None
-
-
-class ActionGuard:
-    """Makes any policy output safe to send: rejects NaN/Inf, clamps to [low, high], limits the rate.
-
-    `max_delta`: largest change per tick of each rate-limited dim (action units; None = no limit).
-    `free_dims`: dims exempt from the rate limit (the gripper's, by default in `from_robot`).
-    `start_from_rest`: the first action is rate-limited from zero (delta actions: zero is no motion).
-    `counts` tallies each intervention: nonfinite (rejected), clamped, rate_limited.
-    """
-
-    def __init__(
-        self,
-        low,
-        high,
-        max_delta: float | None = 1.0,
-        free_dims: tuple[int, ...] = (),
-        start_from_rest: bool = True,
-    ):
-        self.low = np.asarray(low, dtype=np.float32)
-        self.high = np.asarray(high, dtype=np.float32)
-        if self.low.shape != self.high.shape or np.any(self.low > self.high):
-            raise ValueError(f"bad action bounds: low {self.low}, high {self.high}")
-        if max_delta is not None and not max_delta > 0:
-            raise ValueError(f"max_delta must be positive (or None for no rate limit), got {max_delta}")
-        self.max_delta = max_delta
-        self.limited = np.ones(self.low.shape, dtype=bool)  # which dims the rate limit applies to
-        for d in free_dims:
-            self.limited[d] = False
-        self.start_from_rest = start_from_rest
-        self.reset()
-
-    @classmethod
-    def from_robot(cls, robot: Robot, max_delta: float | None = 1.0, limit_gripper: bool = False) -> ActionGuard:
-        free = () if limit_gripper else tuple(getattr(robot, "gripper_dims", ()))
-        space = robot.action_space
-        return cls(space.low, space.high, max_delta=max_delta, free_dims=free)
-
-    def reset(self) -> None:
-        self.last_safe: np.ndarray | None = None  # the last action let through, (A,)
-        self.counts = {"nonfinite": 0, "clamped": 0, "rate_limited": 0}
-
-    def __call__(self, action) -> np.ndarray | None:
-        """The safe version of `action` (A,); the last safe action (None before any) if it is rejected."""
-        a = np.asarray(action, dtype=np.float32)
-        if a.shape != self.low.shape:
-            raise ValueError(f"action has shape {a.shape}, the action space {self.low.shape}")
-        if not np.all(np.isfinite(a)):
-            self.counts["nonfinite"] += 1
-            return None if self.last_safe is None else self.last_safe.copy()
-        out = np.clip(a, self.low, self.high)
-        if not np.array_equal(out, a):
-            self.counts["clamped"] += 1
-        reference = self.last_safe
-        if reference is None and self.start_from_rest:
-            reference = np.zeros_like(out)
-        if self.max_delta is not None and reference is not None:
-            limited = np.where(self.limited, np.clip(out, reference - self.max_delta, reference + self.max_delta), out)
-            if not np.array_equal(limited, out):
-                self.counts["rate_limited"] += 1
-            out = np.clip(limited, self.low, self.high).astype(np.float32)
-        self.last_safe = out
-        return out.copy()
 
 
 @dataclass
@@ -312,15 +247,15 @@ class Controller:
         self.clock, self.sleep, self.make_worker = clock, sleep, worker
         self._rng = np.random.default_rng(self.cfg.seed)
         self._policy_step: Callable[[int], int] = int  # tick -> the policy's step index (the strategy's, once built)
+        self._raw_chunks = False  # does the loop's strategy schedule the network's whole chunks itself
 
     def _infer(self, obs: dict, tick: int, committed: np.ndarray | None = None) -> np.ndarray:
-        """One policy decision (chunk, A), stamped with the tick's index, plus any injected latency."""
+        """One policy decision (chunk, A), stamped with the tick's index, plus any injected latency: the network's
+        whole chunk (`predict_chunk`) for a strategy that schedules chunks itself, else the policy as configured."""
         if hasattr(self.policy, "t"):
             self.policy.t = self._policy_step(tick)  # real ticks, also across skipped ones (synchronous: its moves)
-        if committed is None:
-            actions = np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
-        else:
-            actions = np.asarray(self.policy.act_chunk(obs, committed=committed), dtype=np.float32)
+        infer = self.policy.predict_chunk if self._raw_chunks else self.policy.act_chunk
+        actions = np.asarray(infer(obs, committed=committed), dtype=np.float32)
         if actions.ndim == 1:
             actions = actions[None]  # a policy without chunks: (A,) -> (1, A)
         cfg = self.cfg
@@ -337,6 +272,7 @@ class Controller:
         guard.reset()
         period, budget = cfg.period_s, cfg.budget_ms / 1e3
         plan = cfg.worker_strategy
+        self._raw_chunks = plan is not None and STRATEGIES[plan[0]].raw_chunks
         worker = self.make_worker(self._infer, self.clock) if plan is not None else None
         self._policy_step = int
         strategy: Strategy | None = None  # the worker loop's, built once the first chunk tells its length
@@ -502,10 +438,9 @@ class Controller:
         return k
 
     def _strategy(self, plan: tuple[str, int], chunk: int) -> Strategy:
-        """The worker loop's strategy for chunks of `chunk` rows; the policy must hand over its own chunks."""
+        """The worker loop's strategy for chunks of `chunk` rows (the network's whole chunks: `_infer(raw=True)`)."""
         name, execute = plan
         cfg = getattr(self.policy, "config", None)
-        require_raw_chunks(name, cfg)
         return make_strategy(name, chunk, min(execute, chunk), getattr(cfg, "ensemble_coeff", 0.0))
 
     def _record(self, result: RunResult, t_tick: float, source: str) -> None:

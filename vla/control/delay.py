@@ -17,13 +17,11 @@ many ticks held.
 
 from __future__ import annotations
 
-import inspect
-
 import numpy as np
 
 from vla.config import ConfigError
 from vla.control.smoothness import smoothness
-from vla.policy.strategies import make_strategy, require_raw_chunks
+from vla.policy.strategies import make_strategy
 
 
 class DelayedPolicy:
@@ -32,15 +30,10 @@ class DelayedPolicy:
             raise ConfigError(f"--delay-ticks must be >= 0, got {delay}")
         cfg = getattr(policy, "config", None)
         self.strategy = make_strategy(strategy, policy.chunk, execute, getattr(cfg, "ensemble_coeff", 0.0))
-        require_raw_chunks(strategy, cfg)
-        if strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
+        if strategy == "delay_aware" and not policy.reads_committed:
             raise ConfigError(
                 "strategy 'delay_aware' needs a checkpoint trained with committed action slots "
-                "(model.committed_actions=true train.delay_aware_max=N); this one has none"
-            )
-        if strategy == "delay_aware" and "committed" not in inspect.signature(policy.act_chunk).parameters:
-            raise ConfigError(
-                f"strategy 'delay_aware' needs a policy that takes committed actions, not a {type(policy).__name__}"
+                "(model.committed_actions=true train.delay_aware_max=N) on the torch backend; this one has none"
             )
         self.policy, self.delay = policy, delay
         self.reset_state()
@@ -64,10 +57,9 @@ class DelayedPolicy:
     def _infer(self, obs: dict, k: int) -> np.ndarray:
         if hasattr(self.policy, "t"):
             self.policy.t = self.strategy.policy_step(k)  # the ticks, also those it skipped (synchronous: its moves)
-        committed = self.strategy.committed(k, self.delay)
-        if committed is None:
-            return np.asarray(self.policy.act_chunk(obs), dtype=np.float32)
-        return np.asarray(self.policy.act_chunk(obs, committed=committed), dtype=np.float32)
+        # a strategy that schedules chunks itself takes the network's whole chunk, else the policy runs as configured
+        infer = self.policy.predict_chunk if self.strategy.raw_chunks else self.policy.act_chunk
+        return np.asarray(infer(obs, committed=self.strategy.committed(k, self.delay)), dtype=np.float32)
 
     def act(self, obs: dict) -> np.ndarray:
         k, s = self.tick, self.strategy
@@ -109,12 +101,3 @@ def summarize_smoothness(outcomes: dict[str, list[dict]]) -> dict:
     every = [e for eps in outcomes.values() for e in eps]
     out["overall"] = {m: float(np.mean([e[m] for e in every])) if every else 0.0 for m in METRICS}
     return out
-
-
-def raw_chunk_overrides(strategy: str) -> dict:
-    """PolicyConfig overrides a strategy needs: the policy's own chunks, unensembled and re-planned every call."""
-    from vla.policy.strategies import STRATEGIES
-
-    if strategy in STRATEGIES and STRATEGIES[strategy].raw_chunks:
-        return {"temporal_ensemble": False, "n_action_steps": 1}
-    return {}

@@ -43,13 +43,14 @@ def deploy(policy, run: DeployRun, config, json_path: str | Path) -> tuple[dict,
     """One episode of `policy` on the simulated robot under `config` (a ControllerConfig); writes the report to
     `json_path` and the latency histogram beside it (.png). Returns the report and the controller's result."""
     import envs
-    from vla.control.controller import ActionGuard, Controller
+    from vla.control.controller import Controller
+    from vla.control.guard import ActionGuard
     from vla.control.robot import SimRobot
 
-    if config.strategy == "delay_aware" and not getattr(getattr(policy, "cfg", None), "committed_actions", False):
+    if config.strategy == "delay_aware" and not policy.reads_committed:
         raise UserError(
             "--strategy delay_aware needs a checkpoint trained with model.committed_actions=true "
-            "train.delay_aware_max=N; this one has no committed action slots"
+            "train.delay_aware_max=N, on the torch backend; this one has no committed action slots it can feed"
         )
     spec = policy.spec
     robot = SimRobot(envs.make_env(run.task, spec.image_size, wrist_camera=spec.n_cameras > 1), seed=config.seed)

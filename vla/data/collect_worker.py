@@ -111,7 +111,7 @@ def load_driver(checkpoint: str):
     if checkpoint not in _DRIVERS:
         import torch
 
-        from vla.policy.torch_policy import load_policy
+        from vla.policy.load import load_policy
 
         torch.set_num_threads(1)
         _DRIVERS[checkpoint] = load_policy(checkpoint, device="cpu")

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import hashlib
 import os
-from dataclasses import dataclass
 
 import numpy as np
 import torch
@@ -25,38 +24,8 @@ from torch.utils.data import Dataset
 from vla.data.hdf5_format import DatasetError, ObsKeys
 from vla.data.sources import EpisodeSource, open_source
 from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
-from vla.model.text_encoder import KIND as ENCODER_KIND
-from vla.model.text_encoder import EncoderTokenizer
-from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer
-
-
-@dataclass
-class Tokenizers:
-    """Everything that turns raw observations/actions into model inputs; saved with a checkpoint."""
-
-    text: TextTokenizer | EncoderTokenizer  # a word table, or a pretrained text encoder's own tokenizer
-    action: ActionTokenizer
-    proprio: ProprioNormalizer
-
-    @property
-    def text_fingerprint(self) -> str:
-        """The text encoder folder's fingerprint (vla/model/text_encoder.py), "" for the word table."""
-        return self.text.fingerprint if isinstance(self.text, EncoderTokenizer) else ""
-
-    def to_dict(self) -> dict:
-        return {
-            "text": self.text.to_dict(),
-            "action": self.action.to_dict(),
-            "proprio": self.proprio.to_dict(),
-        }
-
-    @classmethod
-    def from_dict(cls, d: dict) -> Tokenizers:
-        return cls(
-            text=(EncoderTokenizer if d["text"].get("kind") == ENCODER_KIND else TextTokenizer).from_dict(d["text"]),
-            action=ActionTokenizer.from_dict(d["action"]),
-            proprio=ProprioNormalizer.from_dict(d["proprio"]),
-        )
+from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer, Tokenizers
+from vla.tokenizers.encoder import EncoderTokenizer
 
 
 def _source(path: str | os.PathLike | EpisodeSource, keys: ObsKeys | None) -> EpisodeSource:
@@ -91,10 +60,10 @@ def fit_tokenizers(
         proprio.append(demo.proprio)
         tasks.add(src.meta(name)["task"])
     if paraphrase_vocabulary:
-        import envs
+        from envs import language
 
-        if any(envs.tabletop_task_name(t) for t in tasks):
-            instructions += sorted(envs.TRAIN_VOCABULARY)  # one "text" per word: each gets an id
+        if any(language.task_name(t) for t in tasks):
+            instructions += sorted(language.TRAIN_VOCABULARY)  # one "text" per word: each gets an id
     acts = np.concatenate(actions)
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
@@ -150,7 +119,7 @@ class WindowDataset(Dataset):
     ):
         self.waypoint_dims = list(waypoint_dims or [])
         self.source = _source(path, keys)
-        # Instruction augmentation (`envs.augment_instruction`): the chance of a paraphrase; 0 = the demo's own.
+        # Instruction augmentation (`envs.language.augment`): the chance of a paraphrase; 0 = the demo's own.
         self.instruction_augment, self.seed = instruction_augment, seed
         self.path, self.split, self.keys = str(self.source.path), split, self.source.keys
         self.tok, self.window, self.chunk, self.instruction_len = tokenizers, window, chunk, instruction_len
@@ -253,11 +222,11 @@ class WindowDataset(Dataset):
         d = int(self.index[i][0])
         if self.instruction_augment <= 0:
             return self.instruction_texts[d]
-        import envs
+        from envs import language
 
         rng = np.random.default_rng([self.seed, _INSTRUCTION_STREAM, i])
         fits = lambda text: len(self.tok.text.encode(text)) <= self.instruction_len  # noqa: E731 - nothing cut
-        return envs.augment_instruction(self.tasks[d], self.instruction_texts[d], rng, self.instruction_augment, fits)
+        return language.augment(self.tasks[d], self.instruction_texts[d], rng, self.instruction_augment, fits)
 
     def _read_frames(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """(n, n_cam, H, W, 3) uint8: the main camera, then the wrist camera when there is one."""

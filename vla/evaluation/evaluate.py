@@ -186,7 +186,7 @@ def open_policy(checkpoint=None, server: str | None = None, token: str | None = 
     """The checkpoint's policy in this process (`load_policy(checkpoint, **kwargs)`), or the one a vla-serve at
     `server` runs, over the network (`RemotePolicy`; kwargs are then PolicyConfig overrides only)."""
     if server is None:
-        from vla.policy.torch_policy import load_policy
+        from vla.policy.load import load_policy
 
         return load_policy(checkpoint, **kwargs)
     from vla.policy.remote import RemotePolicy

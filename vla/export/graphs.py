@@ -85,11 +85,6 @@ def check_exportable(model: ActionTransformer, policy_config=None) -> None:
             "Hugging Face image model, which this exporter neither traces nor checks; run this policy with the torch "
             "backend"
         )
-    if policy_config is not None and policy_config.temperature > 0:
-        raise ExportError(
-            f"policy temperature={policy_config.temperature} (sampling) cannot be exported: the exported policy is "
-            "greedy; load with temperature=0"
-        )
 
 
 def _block(block: Block, x, mask, cache=None, rows: slice | None = None):

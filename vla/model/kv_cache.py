@@ -8,8 +8,8 @@ Step n of an episode is written to slot n % K. When the window is full the new s
 oldest one: eviction is free (no copy, no roll) and memory is constant over an episode of any length.
 Slots are not in time order, and need not be: attention is a weighted sum over keys, and every key's
 mask and time bias are computed from the slot's stored episode step index (`coords`), never from its
-position. The model (`ActionTransformer.start/step`) fills the buffer; this object only holds it and
-knows which slot is next.
+position. The model (`ActionTransformer.start/step`) fills the buffer; this object holds it, and its
+`StepRing` (vla/kv_ring.py, shared with the onnxruntime backend) knows which slot is next.
 """
 
 from __future__ import annotations
@@ -19,6 +19,7 @@ from dataclasses import dataclass, field
 
 import torch
 
+from vla.kv_ring import StepRing
 from vla.model.transformer import TokenCoords, ring_coords, ring_layout
 
 
@@ -32,11 +33,27 @@ class KVCache:
     slot_valid: torch.Tensor  # (B, K) bool: False = slot empty (episode younger than K steps)
     instruction_len: int  # L, tokens
     tokens_per_step: int  # S, tokens
-    n_steps: int = 0  # steps appended since `start` (the next step goes to slot n_steps % K)
     started: bool = False  # has `start` encoded an instruction since the last reset
     film_ctx: torch.Tensor | None = None  # (B, F) the instruction's FiLM conditioning of the stem, set by start
     _layout: tuple | None = field(default=None, repr=False)  # (pos, slot, index) of the buffer, built once
-    _masks: dict = field(default_factory=dict, repr=False)  # this episode's step masks by what decides them
+    ring: StepRing = field(init=False, repr=False)  # which slot holds which step (over slot_timestep/slot_valid)
+
+    def __post_init__(self):
+        self.ring = StepRing(self.slot_timestep, self.slot_valid)
+
+    @property
+    def n_steps(self) -> int:
+        """Steps appended since `start` (the next step goes to slot n_steps % K)."""
+        return self.ring.n_steps
+
+    @n_steps.setter
+    def n_steps(self, value: int) -> None:  # the CUDA graph replays advance's tensor writes, and counts here
+        self.ring.n_steps = value
+
+    @property
+    def _masks(self) -> dict:
+        """This episode's memoized step masks (the ring's)."""
+        return self.ring._masks
 
     @property
     def window(self) -> int:
@@ -47,39 +64,23 @@ class KVCache:
     def batch_size(self) -> int:
         return self.slot_valid.shape[0]
 
-    @property
-    def nbytes(self) -> int:
-        return self.kv.numel() * self.kv.element_size()
-
     def reset(self) -> None:
         """Forget the episode (the buffers are reused, not reallocated)."""
-        self.n_steps, self.started, self.film_ctx = 0, False, None
-        self._masks.clear()
-        self.slot_valid.zero_()
-        self.slot_timestep.zero_()
+        self.started, self.film_ctx = False, None
+        self.ring.reset()
         self.instr_valid.zero_()
 
     def advance(self, timestep: torch.Tensor) -> int:
         """Claim the slot for a new step at episode step `timestep` (B,); evicts the oldest if full."""
-        slot = self.n_steps % self.window
-        self.slot_timestep[:, slot] = timestep
-        self.slot_valid[:, slot] = True
-        self.n_steps += 1
-        return slot
+        return self.ring.advance(timestep)
 
     def memo_mask(self, slot: int, timestep: torch.Tensor, build: Callable[[TokenCoords], torch.Tensor]):
         """The attention mask of a step in `slot` at `timestep` (B,), `build(self.coords())` when not seen
-        before in this episode. What decides it besides the fixed layout: the slot, each slot's step
-        offset from this one, which slots are filled, and the instruction's padding (fixed per episode).
-        On CPU those are read to form the key (microseconds; the mask costs ~0.7 ms of ~35 small ops and
-        repeats with the ring); on CUDA that read would be a device sync, so it is built every step."""
+        before in this episode (vla/kv_ring.py). On CUDA reading the key would be a device sync, so the
+        mask is built every step there."""
         if self.kv.device.type != "cpu":
             return build(self.coords())
-        key = (slot, (timestep[:, None] - self.slot_timestep).numpy().tobytes(), self.slot_valid.numpy().tobytes())
-        mask = self._masks.get(key)
-        if mask is None:
-            mask = self._masks[key] = build(self.coords())
-        return mask
+        return self.ring.memo_mask(slot, timestep, lambda: build(self.coords()))
 
     def slot_offset(self, slot: int) -> int:
         """Sequence position of the first token of `slot` in the buffer."""

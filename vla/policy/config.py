@@ -26,8 +26,7 @@ class PolicyConfig:
     # < 0 the newest, which lags least (why -1.0: vla/policy/ensemble.py)
     ensemble_coeff: float = -1.0
     n_action_steps: int = 1  # actions of a chunk executed before the policy re-plans (1 = every step)
-    kv_cache: bool = True  # streaming KV cache (False: recompute the window every step; same actions)
-    temperature: float = 0.0  # 0 = greedy bins; > 0 samples each action token at this temperature
+    kv_cache: bool = True  # streaming KV cache (False: recompute the window every step; same actions; torch only)
 
     def __post_init__(self):
         if self.n_action_steps < 1:
@@ -39,8 +38,6 @@ class PolicyConfig:
             )
         if not math.isfinite(self.ensemble_coeff):
             raise ValueError(f"ensemble_coeff={self.ensemble_coeff} must be a finite number")
-        if not self.temperature >= 0:
-            raise ValueError(f"temperature={self.temperature} must be >= 0")
 
     def plan_row(self, t: int, planned_at: int | None) -> int:
         """Row of the plan made at step `planned_at` that step `t` executes, or 0: plan anew. Counted in steps

@@ -31,7 +31,7 @@ def check_observation(obs, image_keys: list[str], image_size: int, proprio_dim: 
 
 
 def check_instruction(instruction) -> str:
-    """What `reset` accepts: a non-empty string (any words: unseen ones fall back to bytes or <unk>)."""
+    """What `reset` accepts: a non-empty string (any words: unseen ones become <unk>)."""
     if not isinstance(instruction, str) or not instruction.strip():
         raise ValueError("reset() needs a non-empty instruction string")
     return instruction

@@ -31,6 +31,8 @@ from websockets.sync.client import ClientConnection, connect
 
 from vla.errors import PolicyUnavailable, UserError
 from vla.policy.config import PolicyConfig
+from vla.policy.observation import check_instruction
+from vla.policy.surface import PolicySurface
 from vla.serve import wire
 from vla.serve.protocol import PROTOCOL_VERSION
 
@@ -49,7 +51,7 @@ class RemoteDevice:
         return f"remote {self.url} ({self.server_device})"
 
 
-class RemotePolicy:
+class RemotePolicy(PolicySurface):
     def __init__(self, url: str, token: str | None = None, timeout: float = 10.0, **overrides):
         """`url`: ws://HOST:PORT of a vla-serve; `token`: its --token; `timeout`: seconds to wait for the
         connection and for each reply; `overrides`: PolicyConfig fields the server runs this client's
@@ -75,18 +77,14 @@ class RemotePolicy:
         self.t = 0  # the step index the next act_chunk is for (a controller may set it)
 
     @property
-    def action_dim(self) -> int:
-        return self.spec.action_dim
-
-    @property
-    def chunk(self) -> int:
-        return self.cfg.chunk
+    def reads_committed(self) -> bool:
+        """Whether committed actions condition the rest of the chunk (the served model has committed slots; a
+        server whose backend cannot feed them refuses such a step)."""
+        return bool(getattr(self.cfg, "committed_actions", False))
 
     def reset(self, instruction: str) -> None:
         """Start an episode on the server (reconnecting first if the connection is gone)."""
-        if not isinstance(instruction, str) or not instruction.strip():
-            raise ValueError("reset() needs a non-empty instruction string")
-        message = {"reset": True, "instruction": instruction, "policy": self.overrides}
+        message = {"reset": True, "instruction": check_instruction(instruction), "policy": self.overrides}
         if self._ws is None:
             self._connect()
         try:
@@ -99,11 +97,18 @@ class RemotePolicy:
 
     def act_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
         """This step's action followed by the predicted next ones, (rows, A) float32: Policy.act_chunk's."""
+        return self._step(obs, committed, raw=False)
+
+    def predict_chunk(self, obs: dict, committed: np.ndarray | None = None) -> np.ndarray:
+        """The network's whole chunk for this step, (chunk, A) float32: Policy.predict_chunk's."""
+        return self._step(obs, committed, raw=True)
+
+    def _step(self, obs: dict, committed: np.ndarray | None, raw: bool) -> np.ndarray:
         if not self._episode:
             raise RuntimeError("call policy.reset(instruction) before policy.act(obs)")
         if not isinstance(obs, dict):
             raise TypeError(f"obs must be a dict of observations, got {type(obs).__name__}")
-        message = {"step": self.t}
+        message = {"step": self.t, **({"raw": True} if raw else {})}
         for key in (*self.image_keys, "proprio"):
             if key not in obs:
                 raise KeyError(f"observation is missing '{key}' (has: {', '.join(sorted(obs))})")
@@ -113,10 +118,6 @@ class RemotePolicy:
         reply = self._call(message)
         self.t = reply["step"] + 1
         return reply["actions"]
-
-    def act(self, obs: dict) -> np.ndarray:
-        """One action (A,) for this observation."""
-        return self.act_chunk(obs)[0]
 
     def close(self) -> None:
         if self._ws is not None:

@@ -55,7 +55,7 @@ class Strategy:
     """The shared bookkeeping: received chunks by the tick of their observation, newest last."""
 
     name: ClassVar[str] = ""
-    raw_chunks: ClassVar[bool] = True  # needs the policy's own chunk (no policy-side ensembling or re-planning)
+    raw_chunks: ClassVar[bool] = True  # schedules the network's whole chunks (`policy.predict_chunk`) itself
 
     def __init__(self, chunk: int, execute: int = 0, ensemble_coeff: float = 0.0):
         if chunk < 1:
@@ -195,16 +195,6 @@ def check_strategy_options(strategy: str, execute: int) -> None:
         raise ConfigError(f"--strategy {strategy!r} is not one of {', '.join(STRATEGIES)}")
     if execute < 0:
         raise ConfigError(f"--execute must be >= 0 (0 = chunk - delay), got {execute}")
-
-
-def require_raw_chunks(strategy: str, policy_config) -> None:
-    """A strategy that schedules the policy's chunks needs them unensembled and re-planned every call."""
-    cfg = policy_config
-    if cfg is not None and STRATEGIES[strategy].raw_chunks and (cfg.temporal_ensemble or cfg.n_action_steps != 1):
-        raise ConfigError(
-            f"strategy {strategy!r} schedules the policy's chunks itself: load the policy with "
-            f"temporal_ensemble=False and n_action_steps=1 (got {cfg.temporal_ensemble}, {cfg.n_action_steps})"
-        )
 
 
 def make_strategy(name: str, chunk: int, execute: int = 0, ensemble_coeff: float = 0.0) -> Strategy:

@@ -14,7 +14,9 @@ spelling works, both at once is an error):
     step                                  int: the episode step this observation is for (default: one more
                                           than the last); the controller's tick, also across skipped ticks
     committed                             float (n, A): actions already decided for this step and the next
-                                          n - 1 (the delay_aware strategy; a torch server)
+                                          n - 1 (the delay_aware strategy)
+    raw                                   true: the network's whole chunk (`Policy.predict_chunk`), for a
+                                          client that executes chunks itself (vla/policy/strategies.py)
 
 Other keys are ignored (openpi clients send robot-specific extras). A message with an observation gets
 {"actions": float32 (rows, A), "step": int, "server_timing": {"infer_ms": float}}, the rows as
@@ -86,6 +88,7 @@ class Request:
     observation: dict | None = None  # {"image": ..., "wrist_image": ..., "proprio": ...}, checked
     step: int | None = None  # the episode step this observation is for
     committed: np.ndarray | None = None  # (n, A) float32
+    raw: bool = False  # the whole chunk, without the policy's planning or ensembling
 
     def starts_episode(self, current: str | None) -> bool:
         return self.reset or (self.instruction is not None and self.instruction != current)
@@ -124,8 +127,12 @@ def parse_request(message, served: ServedPolicy) -> Request:
     request.step = None if step is None else int(step)
     request.observation = _observation(message, served)
     request.committed = _committed(message.get("committed"), served)
-    if request.observation is None and (request.step is not None or request.committed is not None):
-        raise BadRequest("'step' and 'committed' come with an observation")
+    raw = message.get("raw", False)
+    if not isinstance(raw, bool):
+        raise BadRequest(f"'raw' must be true or false, got {raw!r}")
+    request.raw = raw
+    if request.observation is None and (request.step is not None or request.committed is not None or raw):
+        raise BadRequest("'step', 'committed' and 'raw' come with an observation")
     return request
 
 

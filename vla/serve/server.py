@@ -43,7 +43,7 @@ log = logging.getLogger("vla.serve")
 class PolicyServer:
     def __init__(self, policy, backend: str = "torch", checkpoint: str | None = None, token: str | None = None,
                  max_clients: int = 16):  # fmt: skip
-        """`policy`: a loaded policy with `fork()` (torch's Policy, OnnxPolicy)."""
+        """`policy`: a loaded policy with `fork()` (vla.policy.policy.Policy, on any backend)."""
         self.policy = policy
         self.served = ServedPolicy.of(policy)
         self.backend = backend

@@ -41,10 +41,8 @@ class Session:
             self.policy.t = request.step
         step = self.policy.t
         start = time.perf_counter()
-        if request.committed is None:
-            actions = self.policy.act_chunk(request.observation)
-        else:
-            actions = self.policy.act_chunk(request.observation, committed=request.committed)
+        infer = self.policy.predict_chunk if request.raw else self.policy.act_chunk
+        actions = infer(request.observation, committed=request.committed)
         infer_ms = (time.perf_counter() - start) * 1e3
         return {"actions": np.asarray(actions, np.float32), "step": step, "server_timing": {"infer_ms": infer_ms}}
 

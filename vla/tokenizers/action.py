@@ -19,12 +19,9 @@ bin centre) exactly on it.
 
 from __future__ import annotations
 
-import json
-from pathlib import Path
 from typing import Literal
 
 import numpy as np
-import torch
 
 Mode = Literal["uniform", "quantile", "mulaw"]
 MODES = ("uniform", "quantile", "mulaw")
@@ -60,7 +57,6 @@ class ActionTokenizer:
             if mode == "quantile":
                 raise ValueError("quantile mode needs `centres` (from fit) or data; got only low/high")
             self.centres = self._analytic_centres()
-        self._torch_centres: dict[torch.device, torch.Tensor] = {}
 
     # ---------------------------------------------------------------- fitting
     def fit(
@@ -88,7 +84,6 @@ class ActionTokenizer:
             self.centres = np.maximum.accumulate(c, axis=1)
         else:
             self.centres = self._analytic_centres()
-        self._torch_centres.clear()
         return self
 
     def _analytic_centres(self) -> np.ndarray:
@@ -109,20 +104,10 @@ class ActionTokenizer:
     def action_dim(self) -> int:
         return self._check().shape[0]
 
-    @property
-    def bin_width(self) -> np.ndarray:
-        """(A,) the widest spacing between neighbouring centres (uniform: all equal)."""
-        return np.diff(self._check(), axis=1).max(axis=1)
-
     # ---------------------------------------------------------------- encode / decode
-    def encode(self, actions):
-        """Float actions (..., A) -> int64 tokens (..., A): index of the nearest bin centre.
-
-        Accepts numpy or torch; returns the same kind (torch: on the input's device)."""
+    def encode(self, actions) -> np.ndarray:
+        """Float actions (..., A) -> int64 tokens (..., A): index of the nearest bin centre."""
         c = self._check()
-        if isinstance(actions, torch.Tensor):
-            out = self.encode(actions.detach().cpu().numpy())
-            return torch.from_numpy(out).to(actions.device)
         a = np.asarray(actions, dtype=np.float64)
         if a.shape[-1] != c.shape[0]:
             raise ValueError(f"actions have {a.shape[-1]} dims, tokenizer was fitted on {c.shape[0]}")
@@ -133,35 +118,13 @@ class ActionTokenizer:
             tokens[:, d] = np.searchsorted(edges[d], flat[:, d], side="left")
         return tokens.reshape(a.shape)
 
-    def decode(self, tokens):
-        """Tokens (..., A) -> bin centres (..., A) float32 (numpy or torch, matching the input)."""
+    def decode(self, tokens) -> np.ndarray:
+        """Tokens (..., A) -> bin centres (..., A) float32."""
         c = self._check()
-        if isinstance(tokens, torch.Tensor):
-            ct = self._torch_centres.get(tokens.device)
-            if ct is None:
-                ct = self._torch_centres[tokens.device] = torch.tensor(c, dtype=torch.float32, device=tokens.device)
-            dims = torch.arange(c.shape[0], device=tokens.device)
-            return ct[dims, tokens.long().clamp(0, self.bins - 1)]
         t = np.clip(np.asarray(tokens, dtype=np.int64), 0, self.bins - 1)
         return c[np.arange(c.shape[0]), t].astype(np.float32)
 
-    def roundtrip_report(self, actions: np.ndarray) -> dict:
-        """Per-dimension round-trip error |decode(encode(a)) - a| on `actions` (N, A)."""
-        a = np.asarray(actions, dtype=np.float64)
-        err = np.abs(self.decode(self.encode(a)).astype(np.float64) - a).reshape(-1, a.shape[-1])
-        flat = a.reshape(-1, a.shape[-1])
-        return {
-            "mode": self.mode,
-            "bins": self.bins,
-            "max_abs_error": err.max(0).tolist(),
-            "mean_abs_error": err.mean(0).tolist(),
-            "bin_width": self.bin_width.tolist(),
-            "outside_bounds_fraction": ((flat < self.low) | (flat > self.high)).mean(0).tolist(),
-            "low": self.low.tolist(),
-            "high": self.high.tolist(),
-        }
-
-    # ---------------------------------------------------------------- persistence
+    # ---------------------------------------------------------------- stored with the checkpoint
     def to_dict(self) -> dict:
         self._check()
         d = {"kind": "action", "version": 1, "bins": self.bins, "mode": self.mode, "mu": self.mu}
@@ -175,13 +138,6 @@ class ActionTokenizer:
         if d.get("kind") != "action" or d.get("version") != 1:
             raise ValueError(f"not an action tokenizer v1: kind={d.get('kind')!r} version={d.get('version')!r}")
         return cls(d["bins"], d["mode"], d["low"], d["high"], d.get("mu", 255.0), d.get("centres"))
-
-    def save(self, path: str | Path) -> None:
-        Path(path).write_text(json.dumps(self.to_dict()))
-
-    @classmethod
-    def load(cls, path: str | Path) -> ActionTokenizer:
-        return cls.from_dict(json.loads(Path(path).read_text()))
 
     def __repr__(self) -> str:
         dims = "unfitted" if self.centres is None else f"action_dim={self.action_dim}"

@@ -30,7 +30,7 @@ from vla.data.windows import EpochSampler, Tokenizers, WindowDataset, data_finge
 from vla.files import write_json
 from vla.model import ActionTransformer, DataSpec, ModelConfig
 from vla.model.vision_encoder import FOLDER as VISION_FOLDER
-from vla.policy.torch_policy import Policy, pick_device
+from vla.policy.torch_policy import pick_device, torch_policy
 from vla.training.augment import random_shift
 from vla.training.config import DataConfig, OptimConfig, TrainConfig
 from vla.training.delay_prefix import commit_random_prefix
@@ -226,7 +226,7 @@ def closed_loop_success(model, data: TrainData, meta: dict, cfg: TrainConfig, ou
     model.eval()
     video_dir = (out / "videos" / f"step{step:07d}") if cfg.eval.videos > 0 else None
     result = evaluate(
-        Policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
+        torch_policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
         video_dir=video_dir, videos_per_task=cfg.eval.videos, progress=False,
     )  # fmt: skip
     model.train()
