@@ -44,7 +44,7 @@ def _run(args) -> int:
 
     import envs
     from vla.export.graphs import PARITY_TOL, ExportError, export_policy, parity
-        from vla.policy.load import load_policy
+    from vla.policy.load import load_policy
 
     torch.set_num_threads(1)
     policy = load_policy(args.checkpoint, device="cpu")
@@ -59,7 +59,8 @@ def _run(args) -> int:
         return cli.OK
     manifest["parity"] = {"steps": args.parity_steps, "tolerance": PARITY_TOL}
     for name, int8 in (("fp32", False), ("int8", True))[: 1 + args.int8]:
-        diffs = parity(policy, load_policy(out, backend="onnxruntime-int8" if int8 else "onnxruntime", threads=1), envs.TASKS, args.parity_steps)
+        exported = load_policy(out, backend="onnxruntime-int8" if int8 else "onnxruntime", threads=1)
+        diffs = parity(policy, exported, envs.TASKS, args.parity_steps)
         for task, d in diffs.items():
             print(f"parity {name} {task}: max |action difference| {d:.2e} (rollout of <= {args.parity_steps} steps)")
         manifest["parity"]["max_abs_diff" if name == "fp32" else "int8_max_abs_diff"] = diffs
