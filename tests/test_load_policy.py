@@ -79,7 +79,7 @@ def test_a_checkpoint_without_an_export_is_a_user_error(tiny_checkpoint):
     with pytest.raises(PolicyLoadError, match="no ONNX export") as e:
         load_policy(tiny_checkpoint, backend="onnxruntime")
     assert isinstance(e.value, UserError) and len(str(e.value).splitlines()) == 1
-    r = run_main("vla.evaluation.evaluate", "--checkpoint", tiny_checkpoint, "--backend", "onnxruntime")
+    r = run_main("vla.cli.eval", "--checkpoint", tiny_checkpoint, "--backend", "onnxruntime")
     assert r.returncode == 2 and "no ONNX export" in r.stderr and len(r.stderr.strip().splitlines()) == 1, r
 
 

@@ -60,10 +60,10 @@ def fit_tokenizers(
         proprio.append(demo.proprio)
         tasks.add(src.meta(name)["task"])
     if paraphrase_vocabulary:
-        from envs import language
+        import envs
 
-        if any(language.task_name(t) for t in tasks):
-            instructions += sorted(language.TRAIN_VOCABULARY)  # one "text" per word: each gets an id
+        if any(envs.tabletop_task_name(t) for t in tasks):
+            instructions += sorted(envs.TRAIN_VOCABULARY)  # one "text" per word: each gets an id
     acts = np.concatenate(actions)
     if not np.all(np.isfinite(acts)) or not np.all(np.isfinite(np.concatenate(proprio))):
         raise DatasetError(f"{path}: non-finite actions or proprio in split '{split}'; run vla-data validate")
@@ -119,7 +119,7 @@ class WindowDataset(Dataset):
     ):
         self.waypoint_dims = list(waypoint_dims or [])
         self.source = _source(path, keys)
-        # Instruction augmentation (`envs.language.augment`): the chance of a paraphrase; 0 = the demo's own.
+        # Instruction augmentation (`envs.augment_instruction`): the chance of a paraphrase; 0 = the demo's own.
         self.instruction_augment, self.seed = instruction_augment, seed
         self.path, self.split, self.keys = str(self.source.path), split, self.source.keys
         self.tok, self.window, self.chunk, self.instruction_len = tokenizers, window, chunk, instruction_len
@@ -222,11 +222,11 @@ class WindowDataset(Dataset):
         d = int(self.index[i][0])
         if self.instruction_augment <= 0:
             return self.instruction_texts[d]
-        from envs import language
+        import envs
 
         rng = np.random.default_rng([self.seed, _INSTRUCTION_STREAM, i])
         fits = lambda text: len(self.tok.text.encode(text)) <= self.instruction_len  # noqa: E731 - nothing cut
-        return language.augment(self.tasks[d], self.instruction_texts[d], rng, self.instruction_augment, fits)
+        return envs.augment_instruction(self.tasks[d], self.instruction_texts[d], rng, self.instruction_augment, fits)
 
     def _read_frames(self, name: str, start: int = 0, stop: int | None = None) -> np.ndarray:
         """(n, n_cam, H, W, 3) uint8: the main camera, then the wrist camera when there is one."""
