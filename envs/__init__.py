@@ -43,7 +43,7 @@ for _task, _id in _IDS.items():
 SUITES: dict[str, list[str]] = _metaworld.register()  # {} without Meta-World
 METAWORLD_TASKS: list[str] = SUITES.get(_metaworld.SUITE, [])  # MT10 (goal in the proprio)
 _EXTERNAL: list[str] = [t for ids in SUITES.values() for t in ids]  # ... and the pixels-only twins
-_EXTERNAL_PREFIXES = (_metaworld.PREFIX, _metaworld.PIXELS_PREFIX)
+_EXTERNAL_PREFIXES = _metaworld.PREFIXES  # metaworld/, metaworld-pixels/, metaworld-lerobot/
 
 
 def make_env(task: str, image_size: int = 64, wrist_camera: bool = False, **options) -> gym.Env:

@@ -28,6 +28,10 @@ What changes from Meta-World's own env, and why:
 - `info["object"]` / `info["object_px"]`: the task's main object and its goal (xyz, and where they appear in
   the image), privileged training targets like the tabletop tasks'; datasets record them, policies never
   see them, and nothing requires them.
+
+`protocol="lerobot"` (the `metaworld-lerobot/<task>-v3` ids, all 50 v3 tasks; envs/metaworld_lerobot.py):
+LeRobot's observation instead, the moved corner2 camera and obs[:4] only, LeRobot's task description as the
+one instruction, and LeRobot's 500-step episodes. Seeds, rendering, experts and privileged targets as above.
 """
 
 from __future__ import annotations
@@ -41,6 +45,7 @@ import mujoco
 import numpy as np
 from gymnasium import spaces
 
+from envs import metaworld_lerobot as lerobot
 from envs.rendering import CameraRenderer
 from envs.tasks.base import Bursts
 
@@ -109,6 +114,9 @@ INSTRUCTIONS = {
 INSTRUCTION_CHARSET = string.ascii_lowercase + string.digits + " "
 
 HAND, GRIPPER, OBJECT, GOAL = slice(0, 3), 3, slice(4, 7), slice(36, 39)  # the multi-task observation's layout
+REACH_TASKS = ("reach-v3", "reach-wall-v3")  # no object to move: the goal is the point of interest
+PROTOCOLS = ("project", "lerobot")  # this project's MT10 observation, or LeRobot's MT50 one
+PREFIXES = (PREFIX, PIXELS_PREFIX, lerobot.PREFIX)  # the id prefixes register() uses
 
 
 def available() -> bool:
@@ -121,7 +129,7 @@ def register() -> dict[str, list[str]]:
     returns {suite: ids} ({} without it)."""
     if not available():
         return {}
-    suites: dict[str, list[str]] = {SUITE: [], PIXELS_SUITE: []}
+    suites: dict[str, list[str]] = {SUITE: [], PIXELS_SUITE: [], **lerobot.suites()}
     for suite, prefix, goal_in_proprio in ((SUITE, PREFIX, True), (PIXELS_SUITE, PIXELS_PREFIX, False)):
         for task in MT10:
             task_id = prefix + task
@@ -133,6 +141,14 @@ def register() -> dict[str, list[str]]:
                     max_episode_steps=MAX_EPISODE_STEPS[task],
                 )
             suites[suite].append(task_id)
+    for task in lerobot.TASKS:  # LeRobot's MT50: all 50 v3 tasks, its observation and episode length
+        if lerobot.PREFIX + task not in gym.registry:
+            gym.register(
+                id=lerobot.PREFIX + task,
+                entry_point="envs.metaworld:MetaWorldEnv",
+                kwargs={"task": task, "protocol": "lerobot"},
+                max_episode_steps=lerobot.MAX_EPISODE_STEPS,
+            )
     return suites
 
 
@@ -157,10 +173,12 @@ class MetaWorldEnv(gym.Env):
     """One Meta-World task from pixels, proprioception and an instruction.
 
     Observation (dict):
-        image        uint8 (image_size, image_size, 3), the "corner" camera (see CAMERA)
+        image        uint8 (image_size, image_size, 3), the "corner" camera (see CAMERA); with
+                     `protocol="lerobot"` LeRobot's moved "corner2" (envs/metaworld_lerobot.py)
         proprio      float32 (7,): hand xyz (m), gripper opening (0 closed .. 1 open), the task's goal xyz (m);
-                     (4,) without the goal when `goal_in_proprio` is False (the metaworld-pixels/ ids)
-        instruction  str, e.g. "open the drawer"
+                     (4,) without the goal when `goal_in_proprio` is False (the metaworld-pixels/ ids) and
+                     always with `protocol="lerobot"` (LeRobot's obs[:4])
+        instruction  str, e.g. "open the drawer"; with `protocol="lerobot"` LeRobot's task description
     Action: Box(-1, 1, (4,), float32) at 80 Hz, Meta-World's: a[:3] moves the hand's mocap target by
         a * 1 cm, a[3] is the grip effort (-1 open .. +1 closed).
     Reward: Meta-World's shaped reward (0..10). Episodes terminate on success and are truncated at the
@@ -172,9 +190,22 @@ class MetaWorldEnv(gym.Env):
 
     metadata = {"render_modes": ["rgb_array"], "render_fps": 80}
 
-    def __init__(self, task: str, image_size: int = 64, render_mode: str | None = None, goal_in_proprio: bool = True):
-        if task not in MT10:
-            raise ValueError(f"unknown Meta-World task {task!r}; MT10 has {', '.join(MT10)}")
+    def __init__(
+        self,
+        task: str,
+        image_size: int = 64,
+        render_mode: str | None = None,
+        goal_in_proprio: bool | None = None,
+        protocol: str = "project",
+    ):
+        if protocol not in PROTOCOLS:
+            raise ValueError(f"protocol must be one of {', '.join(PROTOCOLS)}, got {protocol!r}")
+        lerobot_protocol = protocol == "lerobot"
+        tasks = lerobot.TASKS if lerobot_protocol else MT10
+        if task not in tasks:
+            raise ValueError(f"unknown Meta-World task {task!r} for protocol {protocol!r}; it has {', '.join(tasks)}")
+        if lerobot_protocol and goal_in_proprio:
+            raise ValueError("protocol 'lerobot' observes obs[:4] only: goal_in_proprio=True contradicts it")
         if not 16 <= image_size <= 640:
             raise ValueError(f"image_size must be between 16 and 640 pixels, got {image_size}")
         from metaworld.env_dict import ALL_V3_ENVIRONMENTS
@@ -182,7 +213,9 @@ class MetaWorldEnv(gym.Env):
         self.task_name = task
         self.image_size = image_size
         self.render_mode = render_mode
-        self.goal_in_proprio = bool(goal_in_proprio)
+        self.protocol = protocol
+        self.goal_in_proprio = not lerobot_protocol if goal_in_proprio is None else bool(goal_in_proprio)
+        self.camera = lerobot.CAMERA if lerobot_protocol else CAMERA
         cls = ALL_V3_ENVIRONMENTS[task]
         cls = type(cls.__name__, (cls,), {"reset_mocap_welds": _reset_mocap_welds})
         mw = cls()  # no render_mode: gymnasium's renderer is never created
@@ -196,13 +229,16 @@ class MetaWorldEnv(gym.Env):
         self._mw = mw
         self.control_hz = round(1.0 / (mw.model.opt.timestep * mw.frame_skip))
         self.metadata = {**self.metadata, "render_fps": self.control_hz}
-        self._renderer = FastRenderer(mw.model, CAMERA, image_size)
-        self._camera_id = mw.model.camera(CAMERA).id
+        self._camera_id = mw.model.camera(self.camera).id
+        if lerobot_protocol:  # LeRobot moves corner2 before rendering (envs/metaworld_lerobot.py, CAMERA_POS)
+            mw.model.cam_pos[self._camera_id] = lerobot.CAMERA_POS
+        self._renderer = FastRenderer(mw.model, self.camera, image_size)
+        charset = lerobot.INSTRUCTION_CHARSET if lerobot_protocol else INSTRUCTION_CHARSET
         self.observation_space = spaces.Dict(
             {
                 "image": spaces.Box(0, 255, (image_size, image_size, 3), np.uint8),
                 "proprio": spaces.Box(-2.0, 2.0, (7 if self.goal_in_proprio else 4,), np.float32),  # metres
-                "instruction": spaces.Text(max_length=128, min_length=1, charset=INSTRUCTION_CHARSET),
+                "instruction": spaces.Text(max_length=128, min_length=1, charset=charset),
             }
         )
         self.action_space = spaces.Box(-1.0, 1.0, (4,), np.float32)
@@ -218,13 +254,15 @@ class MetaWorldEnv(gym.Env):
             "type": "vla-metaworld",
             "env_name": self.spec.id if self.spec is not None else PREFIX + self.task_name,
             # goal_in_proprio only when off, so datasets collected before the option existed still match
-            "env_kwargs": {
-                "image_size": self.image_size,
-                **({} if self.goal_in_proprio else {"goal_in_proprio": False}),
-            },
+            "env_kwargs": {"image_size": self.image_size, **self._non_default_kwargs()},
             "control_hz": self.control_hz,
-            "metaworld": {"camera": CAMERA, "version": _metaworld_version()},
+            "metaworld": {"camera": self.camera, "version": _metaworld_version()},
         }
+
+    def _non_default_kwargs(self) -> dict:
+        if self.protocol == "lerobot":
+            return {"protocol": "lerobot"}
+        return {} if self.goal_in_proprio else {"goal_in_proprio": False}
 
     def reset(self, *, seed: int | None = None, options: dict | None = None):
         super().reset(seed=seed)
@@ -233,7 +271,9 @@ class MetaWorldEnv(gym.Env):
         self._mw.reset()
         mujoco.mj_forward(self._mw.model, self._mw.data)  # site positions (push-v3's goal marker) are stale until now
         self.raw_obs = self._mw._get_obs()
-        templates = INSTRUCTIONS[self.task_name]
+        templates = (
+            (lerobot.TASK_DESCRIPTIONS[self.task_name],) if self.protocol == "lerobot" else INSTRUCTIONS[self.task_name]
+        )
         self.instruction = templates[phrase % len(templates)]
         return self._observation(), self._info({"success": 0.0})
 
@@ -267,7 +307,7 @@ class MetaWorldEnv(gym.Env):
     def key_positions(self) -> np.ndarray:
         """float32 (6,): the main object's xyz (reach: the goal) and the goal's xyz. Privileged."""
         goal = self.raw_obs[GOAL]
-        obj = goal if self.task_name == "reach-v3" else self.raw_obs[OBJECT]
+        obj = goal if self.task_name in REACH_TASKS else self.raw_obs[OBJECT]
         return np.concatenate([obj, goal]).astype(np.float32)
 
     def project(self, points: np.ndarray) -> np.ndarray:

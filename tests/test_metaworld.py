@@ -123,11 +123,13 @@ def test_without_the_package_import_envs_still_works_and_the_ids_are_absent():
         "import gymnasium as gym, envs\n"
         "assert envs.METAWORLD_TASKS == [] and 'metaworld/reach-v3' not in gym.registry\n"
         "assert 'metaworld-pixels/reach-v3' not in gym.registry\n"
+        "assert 'metaworld-lerobot/reach-v3' not in gym.registry\n"
+        "try:\n    envs.expand_tasks('metaworld-lerobot/mt50')\nexcept ValueError as e:\n    print(e)\n"
         "assert len(envs.TASKS) == 4\n"
         "try:\n    envs.expand_tasks('metaworld/mt10')\nexcept ValueError as e:\n    print(e)\n"
     )
     out = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, check=True)
-    assert "pip install -e '.[metaworld]'" in out.stdout
+    assert out.stdout.count("pip install -e '.[metaworld]'") == 2
 
 
 @pytest.mark.slow
