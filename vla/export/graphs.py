@@ -27,9 +27,8 @@ the prefix graph: 297 -> 195 kernels after onnxruntime's own fusions on the demo
 
 The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
 that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
-written in place. Export refuses (exit 2) what it cannot reproduce faithfully: autoregressive decoding
-(one pass per action token with a data-dependent feedback loop) and causal_scope="stream" (its cached
-keys carry context from evicted steps). At the end, short rollouts of every tabletop task compare the
+written in place. Export refuses (exit 2) what it cannot reproduce faithfully: a Hugging Face text or
+image encoder inside the model, and sampling (temperature > 0). At the end, short rollouts of every tabletop task compare the
 exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
 """
 
@@ -66,16 +65,6 @@ class ExportError(ValueError):
 
 def check_exportable(model: ActionTransformer, policy_config=None) -> None:
     cfg = model.cfg
-    if cfg.action_decoding != "parallel":
-        raise ExportError(
-            f"action_decoding={cfg.action_decoding!r} cannot be exported: only 'parallel' (one pass per step) is "
-            "supported; autoregressive decoding feeds each decoded bin back through the trunk"
-        )
-    if cfg.causal_scope != "step":
-        raise ExportError(
-            f"causal_scope={cfg.causal_scope!r} cannot be exported faithfully: its cached keys carry context from "
-            "evicted steps, so the streaming step differs from the policy's definition once the window slides"
-        )
     if cfg.text_encoder:
         raise ExportError(
             f"model.text_encoder={cfg.text_encoder!r} cannot be exported: the prefix graph would have to carry the "
@@ -144,7 +133,8 @@ class PrefixGraph(nn.Module):
             valid=valid,
         )
         mask = m.mask(prefix, prefix)[0]  # (1, L, L)
-        x = m.embed_instruction(instruction)[0]  # (L, d)
+        embedded = m.embed_instruction(instruction)  # (B, L, d)
+        x = embedded[0]  # (L, d)
         layers = []
         for block in m.blocks:
             x, kv = _block(block, x, mask)
@@ -153,7 +143,7 @@ class PrefixGraph(nn.Module):
         kv = F.pad(kv, (0, 0, 0, N - L))  # (n_layer, 2, B, H, N, hd): the K step slots empty
         state = [kv, valid]
         if cfg.film:
-            state.append(m.instruction_context(instruction))  # (B, F)
+            state.append(m.instruction_context(instruction, embedded))  # (B, F)
         return tuple(state)
 
 
@@ -208,7 +198,7 @@ class StepGraph(nn.Module):
         m, lay = self.model, self.model.layout
         n_obs, S = lay.n_obs_tokens, lay.tokens_per_step
         film, kv = (state[0], state[1:]) if m.cfg.film else (None, state)
-        h = m.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, film).x[0, 0]  # (S, d)
+        h = m.embed_steps(image[:, None], proprio[:, None], film).x[0, 0]  # (1, 1, S, d) -> (S, d)
         new_kv = []
         for i, block in enumerate(m.blocks):
             rows = slice(n_obs, S) if i == len(m.blocks) - 1 else None

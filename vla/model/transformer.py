@@ -113,8 +113,8 @@ class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.d_model // cfg.n_head
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v in one matmul
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
@@ -149,9 +149,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
@@ -163,9 +163,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
     def forward(self, x, mask, kv=None, pos=0, rows=None, need_weights=False):

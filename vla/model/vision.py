@@ -60,13 +60,13 @@ class PatchEmbed(nn.Module):
             self.encoder = VisionEncoder(
                 cfg.vision_encoder, size, cfg.vision_encoder_trainable, layout.spec.vision_fingerprint or None
             )
-            self.proj = nn.Linear(self.encoder.channels, d, bias=cfg.bias)
+            self.proj = nn.Linear(self.encoder.channels, d)
         elif layout.spec.vision_fingerprint:
             raise ValueError(
                 f"data spec vision_fingerprint={layout.spec.vision_fingerprint!r} needs model.vision_encoder"
             )
         elif cfg.patch_embed == "linear":
-            self.proj = nn.Linear(p * p * 3, d, bias=cfg.bias)
+            self.proj = nn.Linear(p * p * 3, d)
         else:
             # A small convolutional stem ("early convolutions help transformers see", Xiao et al. 2021):
             # log2(p) overlapping 3x3 stride-2 stages, channels doubling from conv_channels, ending at
@@ -78,7 +78,7 @@ class PatchEmbed(nn.Module):
             convs, films, c_in, n = [], [], 3 + 2, p.bit_length() - 1
             for i in range(n):
                 c_out = d if i == n - 1 else cfg.conv_channels * 2**i
-                convs.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=cfg.bias))
+                convs.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1))
                 if cfg.film and i < n - 1:
                     films.append(nn.Linear(2 * d, 2 * c_out))
                 c_in = c_out

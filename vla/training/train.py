@@ -4,7 +4,7 @@ Reads top to bottom (`train`): set up the device and seeds, read the data (token
 training split, or read back on resume), build the model and optimizer, then loop: batch -> loss on
 action tokens -> AdamW step; every side job (logging, validation, closed-loop evaluation,
 checkpointing) is a call with a name. `--resume` continues exactly where the last complete checkpoint
-left off, after any interruption (kill -9, Ctrl-C, `train.stop_at`).
+left off, after any interruption (kill -9, Ctrl-C).
 Distributed: `torchrun --nproc-per-node N -m vla.training.train ...` (DDP; gloo on CPU, nccl on CUDA).
 """
 
@@ -39,11 +39,10 @@ from vla.training.config import DataConfig, OptimConfig, TrainConfig, load_confi
 from vla.training.delay_prefix import commit_random_prefix
 from vla.training.distributed import Distributed
 from vla.training.run_log import RunLog, SilentLog
-from vla.training.weight_average import WeightAverage
 
 
 class NonFiniteError(RuntimeError):
-    pass
+    """A non-finite loss or gradient: the run stops, naming the step and the batch's demos."""
 
 
 def lr_at(step: int, cfg: OptimConfig, total: int) -> float:
@@ -190,8 +189,8 @@ def total_loss(out: dict, cfg: OptimConfig) -> torch.Tensor:
 
 def train_step(model, wrapped, optimizer, batch: dict, cfg: TrainConfig, ddp: Distributed, use_amp: bool):
     """One optimizer step. Returns (model outputs, grad norm), or None when the loss or the gradients are
-    non-finite on any rank: the decision is collective and taken before backward, so every rank skips
-    (or stops) together instead of waiting in a gradient all-reduce the others never enter."""
+    non-finite on any rank: the decision is collective and taken before backward, so every rank stops
+    together instead of waiting in a gradient all-reduce the others never enter."""
     with amp_context(use_amp):
         out = wrapped(batch)
     loss = total_loss(out, cfg.optim)
@@ -281,14 +280,13 @@ class Progress:
     """What the loop carries from step to step and across a resume (besides weights and optimizer)."""
 
     best: dict  # {"score", "step"} of the best checkpoint so far
-    skipped_nonfinite: int = 0
     last_loss: float = math.nan  # action loss at the last logged step
 
     @classmethod
     def from_state(cls, state: dict | None) -> Progress:
         if not state:
             return cls(best={"score": -math.inf, "step": -1})
-        return cls(state["best"], int(state["skipped_nonfinite"]), float(state["last_loss"]))
+        return cls(state["best"], float(state["last_loss"]))
 
 
 def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
@@ -338,10 +336,8 @@ def train(
     torch.manual_seed(cfg.train.seed * 1_000_003 + ddp.rank)  # dropout: each rank its own masks
     if init:
         init.load_into(model, device)
-    average = WeightAverage(model, cfg.optim.ema_decay)
     if state:
         resume.load_into(model, device)
-        average.resume(model, state)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         restore_rng(state)
@@ -362,14 +358,12 @@ def train(
         train_state = {
             "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "data_fingerprint": data.fingerprint, **dataclasses.asdict(progress), **rng_state(),
-            **average.resume_state(model),
         }  # fmt: skip
         if ddp.main:
-            with average.applied(model):
-                save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
+            save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
 
     model.train()
-    stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
+    stop = cfg.train.steps
     for step in range(start + 1, stop + 1):
         batch = next(train_iter)
         demos = batch.pop("demo")
@@ -379,30 +373,22 @@ def train(
             batch = commit_random_prefix(batch, cfg.train.delay_aware_max, cfg.model.chunk, gen)
         result = train_step(model, wrapped, optimizer, {k: v.to(device) for k, v in batch.items()}, cfg, ddp, use_amp)
         scheduler.step()
-        average.update(model)
         if result is None:
             names = sorted({data.train_set.names[int(d)] for d in demos})
-            where = f"step {step}: non-finite loss or gradients (batch demos: {', '.join(names[:8])})"
-            if not cfg.train.skip_nonfinite:
-                raise NonFiniteError(where)
-            progress.skipped_nonfinite += 1
-            log.write(f"{where}; skipped ({progress.skipped_nonfinite} so far)")
-        elif step % cfg.train.log_every == 0 or step == stop:  # host syncs only here
+            raise NonFiniteError(f"step {step}: non-finite loss or gradients (batch demos: {', '.join(names[:8])})")
+        if step % cfg.train.log_every == 0 or step == stop:  # host syncs only here
             progress.last_loss = result[0]["loss"].item()
-            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
-                log.train_step(step, result[0], result[1], scheduler.get_last_lr()[0], progress.skipped_nonfinite)
+            log.train_step(step, result[0], result[1], scheduler.get_last_lr()[0])
         log.tick()
         evaluate_now = cfg.eval.episodes > 0 and ((cfg.eval.every and step % cfg.eval.every == 0) or step == stop)
         kept = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
         if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0 or kept:
-            with average.applied(model):  # evaluate what the checkpoint will hold
-                score = side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp)
+            score = side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp)
             checkpoint(step, score, kept)
 
     final = max(start, stop)
     summary = {
-        "step": final, "finished": final >= cfg.train.steps, "final_loss": progress.last_loss,
-        "skipped_nonfinite": progress.skipped_nonfinite, "world_size": ddp.world,
+        "step": final, "finished": final >= cfg.train.steps, "final_loss": progress.last_loss, "world_size": ddp.world,
         "rank_weight_digests": ddp.gather(param_digest(model)), "best": progress.best,
     }  # fmt: skip
     if ddp.main:
@@ -413,11 +399,8 @@ def train(
 
 
 def saved_config(ckpt: Checkpoint, overrides: list[str]) -> TrainConfig:
-    """The config a checkpoint was trained with, then `overrides`; a stop_at ends one invocation, so it is not
-    carried over."""
-    saved = from_dict(TrainConfig, ckpt.meta["config"])
-    saved.train.stop_at = 0
-    return apply_overrides(saved, overrides)
+    """The config a checkpoint was trained with, then `overrides`."""
+    return apply_overrides(from_dict(TrainConfig, ckpt.meta["config"]), overrides)
 
 
 def with_model_of(cfg: TrainConfig, init: Checkpoint) -> TrainConfig:
@@ -500,7 +483,7 @@ def main(argv: list[str] | None = None) -> int:
             print(f"vla-train: error: {e}", file=sys.stderr)
             return 3
         if int(os.environ.get("RANK", "0")) == 0:
-            print(json.dumps({k: summary[k] for k in ("step", "final_loss", "skipped_nonfinite", "world_size")}))
+            print(json.dumps({k: summary[k] for k in ("step", "final_loss", "world_size")}))
         return 0
 
     return cli.run("vla-train", body)
