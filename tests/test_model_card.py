@@ -32,9 +32,7 @@ CONFIGS = {
     "demo": lambda: ModelConfig(),
     "demo K=8": lambda: ModelConfig(window=8),
     "linear_patches": lambda: ablation("linear_patches"),
-    "autoregressive": lambda: ablation("autoregressive"),
-    "linear_patches autoregressive": lambda: ablation("linear_patches", action_decoding="autoregressive"),
-    "two cameras, sinusoidal time, no aux": lambda: ModelConfig(time_encoding="sinusoidal", aux_feed=False),
+    "chunk 1, no aux feed": lambda: ModelConfig(chunk=1, aux_feed=False),
 }
 
 

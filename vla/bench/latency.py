@@ -114,12 +114,6 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=200, help="timed control steps per method (default 200)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: window + 10)")
     p.add_argument("--window", type=int, default=None, help="K, control steps in the window (default: the model's)")
-    p.add_argument(
-        "--decoding",
-        choices=["autoregressive", "parallel", "both"],
-        default="both",
-        help="our action decoding to measure; with 'both' (default) the top level reports parallel",
-    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     add_backend_argument(p)
     add_peak_argument(p)
@@ -236,13 +230,11 @@ class _Recompute:
 
     def __call__(self, t: int) -> None:
         ep, lo = self.ep, max(0, t - self.model.cfg.window + 1)
-        past = self.streaming.tokens[lo : t + 1]  # (1, chunk*A) each; read under causal_scope="stream"
         self.model.recompute(
             ep.instruction,
             ep.image[:, lo : t + 1],  # (1, K, C, H, W, 3)
             ep.proprio[:, lo : t + 1],
             ep.timestep[:, lo : t + 1],
-            actions=torch.stack(past, dim=1) if len(past) == t + 1 - lo else None,
         )
 
 
@@ -315,7 +307,6 @@ def _equivalence(model, ep: _Episode, device) -> tuple[float, bool]:
             ep.image[:, lo : t + 1],
             ep.proprio[:, lo : t + 1],
             ep.timestep[:, lo : t + 1],
-            actions=torch.stack(tokens[lo : t + 1], dim=1),
         )
         worst = max(worst, (out.logits.float() - ref.logits.float()).abs().max().item())
         same &= bool((out.tokens == ref.tokens).all())
@@ -390,8 +381,8 @@ def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
     hf_reason = None
     try:
         methods["hf_gpt2"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=False)
-        if cfg.action_decoding == "parallel":  # GPT-2 given our parallel slots: same single pass
-            methods["hf_gpt2_one_pass"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
+        # GPT-2 given our parallel slots: the same single pass
+        methods["hf_gpt2_one_pass"] = _HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
     except ImportError as e:  # an optional extra: `pip install -e .[bench]`
         hf_reason = f"transformers is not importable ({e}); install the `bench` extra"
     with tempfile.TemporaryDirectory(prefix="vla-bench-onnx-") as tmp:
@@ -406,7 +397,7 @@ def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
         "max_abs_diff": diff,
         "tokens_identical": same,
         "equivalence_steps": n_eq,
-        "forward_passes_per_step": lay.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
+        "forward_passes_per_step": 1,
         # the streaming step per backend ("torch" is `streaming_ms`); null with a reason where it cannot run
         "backends_ms": {
             b: _stats(times["streaming" if b == "torch" else b]) if b not in reasons else None for b in backends
@@ -466,17 +457,17 @@ def run(args) -> dict:
     torch.set_num_threads(threads)
     check_peak_seconds(args.peak_seconds)
     backends = parse_backends(args.backend)
-    modes = ["parallel", "autoregressive"] if args.decoding == "both" else [args.decoding]
+    modes = ["parallel"]  # the one decoding (autoregressive was removed in issue 42)
     primary = modes[0]
     load = os.getloadavg()[0]
     # The matmul peak in the same run at the same thread count, before and after the steps: the better
     # of the two is what this machine can do (a busy neighbour during one of them only lowers it).
     peak_before = matmul_peak(device, args.peak_seconds)
-    by_mode = {m: _measure(replace(cfg, action_decoding=m), args, device, backends) for m in modes}
+    by_mode = {m: _measure(cfg, args, device, backends) for m in modes}
     peak_after = matmul_peak(device, args.peak_seconds)
     peak = max(peak_before, peak_after)
-    for m, r in by_mode.items():
-        r["flop_limit"] = flop_limit(r, replace(cfg, action_decoding=m), peak)
+    for r in by_mode.values():
+        r["flop_limit"] = flop_limit(r, cfg, peak)
     lay = TokenLayout(cfg, TABLETOP)
     top = by_mode[primary]
     result = {
@@ -492,11 +483,11 @@ def run(args) -> dict:
         "matmul_peak_before_after": [peak_before, peak_after],
         "by_decoding": by_mode,
         "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": _stats(_time_roll(lay, device))},
-        "config": asdict(replace(cfg, action_decoding=primary)),
+        "config": asdict(cfg),
         "data_spec": asdict(TABLETOP),
         "tokens_per_step": lay.tokens_per_step,
         "window_tokens": lay.n_tokens,
-        "params": ActionTransformer(replace(cfg, action_decoding=primary), TABLETOP).num_params(),
+        "params": ActionTransformer(cfg, TABLETOP).num_params(),
         "steps": args.steps,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

@@ -28,8 +28,8 @@ the prefix graph: 297 -> 195 kernels after onnxruntime's own fusions on the demo
 The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
 that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
 written in place. Export refuses (exit 2) what it cannot reproduce faithfully: a Hugging Face text or
-image encoder inside the model, and sampling (temperature > 0). At the end, short rollouts of every tabletop task compare the
-exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
+image encoder inside the model, and sampling (temperature > 0). At the end, short rollouts of every
+tabletop task compare the exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
 """
 
 from __future__ import annotations

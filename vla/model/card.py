@@ -106,7 +106,7 @@ def _flops(cfg: ModelConfig, lay: TokenLayout) -> dict:
     """FLOPs of one streaming control step, one recompute, and one training sample, pass by pass as
     `ActionTransformer.step`, `.recompute` and `.forward` run them."""
     L, K, S = cfg.instruction_len, cfg.window, lay.tokens_per_step
-    n_obs, CA, bins, d = lay.n_obs_tokens, lay.n_action_tokens, cfg.action_bins, cfg.d_model
+    CA, bins, d = lay.n_action_tokens, cfg.action_bins, cfg.d_model
     N = L + K * S  # a full window's stream = the streaming buffer (every query scores all of it, masked or not)
     head = _linear(CA, d, bins)  # one step's action slots
     # the whole step at once; only its action slots leave the last block. The instruction prefix and FiLM

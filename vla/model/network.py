@@ -70,7 +70,7 @@ class ActionTransformer(Streaming, nn.Module):
         self.layout = layout = TokenLayout(cfg, spec)
         d, S, K, H = cfg.d_model, layout.tokens_per_step, cfg.window, cfg.n_head
         if spec.aux_dim and not cfg.keypoints:
-            raise ValueError(f"auxiliary targets (aux_dim={spec.aux_dim}) need model.keypoints > 0: the head reads them")
+            raise ValueError(f"aux targets (aux_dim={spec.aux_dim}) need model.keypoints > 0 (the head reads them)")
         self.patch_embed = PatchEmbed(cfg, layout)
         self.proprio_embed = nn.Linear(spec.proprio_dim, d)
         # the instruction's token inputs: a word table, or a frozen pretrained encoder's features projected to d

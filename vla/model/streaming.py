@@ -109,7 +109,7 @@ class Streaming:
         base = cache.slot_offset(slot)  # buffer position of this step's first token
         mask = cache.memo_mask(slot, timestep, lambda keys: self.mask(keys.select(slice(base, base + S)), keys))
         held = None if committed is None else committed[:, None]  # (B, 1, chunk*A)
-        h = self.embed_steps(image[:, None], proprio[:, None], cache.film_ctx, held).x[:, 0]  # (B, 1, S, d) -> (B, S, d)
+        h = self.embed_steps(image[:, None], proprio[:, None], cache.film_ctx, held).x[:, 0]  # (B, S, d)
         for i, block in enumerate(self.blocks):
             rows = slice(n_obs, S) if i == self.cfg.n_layer - 1 else None  # only the action slots leave
             h, _ = block(h, mask, cache.kv[i], base, rows=rows)  # (B, S, d), last block (B, chunk*A, d)

@@ -108,8 +108,7 @@ class Policy:
         else:
             w = self.window_batch()
             out = self.model.recompute(
-                w["instruction"], w["image"], w["proprio"], w["timestep"], actions=w["actions"],
-                temperature=temperature, committed=committed,
+                w["instruction"], w["image"], w["proprio"], w["timestep"], temperature=temperature, committed=committed,
             )  # fmt: skip
         self._history[-1][3] = out.tokens
         return out
