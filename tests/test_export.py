@@ -103,7 +103,7 @@ def test_cli_export_and_full_rollout_parity(tiny_checkpoint, cli_export):
     assert (out / "step.int8.onnx").stat().st_size < (out / "step.onnx").stat().st_size
     step_inputs = {io["name"]: io["shape"] for io in manifest["graphs"]["step"]["inputs"]}
     assert step_inputs["image"] == [1, 1, 64, 64, 3] and "mask" in step_inputs
-    N = 12 + 3 * manifest["tokens_per_step"]  # configs/tiny.yaml: instruction 12, window 3, 2 heads of 16
+    N = 12 + 2 * manifest["tokens_per_step"]  # configs/tiny.yaml: instruction 12, window 2, 2 heads of 16
     assert {name: step_inputs[name] for name in ("k0", "v0", "k1", "v1")} == dict.fromkeys(
         ("k0", "v0", "k1", "v1"), [2, N, 16]
     )

@@ -17,13 +17,12 @@ Files written (`--out`, default CHECKPOINT/export/):
 - manifest.json: graph inputs/outputs (names, shapes, dtypes), the tokenizers, proprio normalization,
   action decoding (bin centres, readout), the policy and model configurations, and the parity figures.
 
-Why three graphs and not one: measured on the demo model (1 thread, onnxruntime 1.x), the mask computed
-inside the step graph cost ~1.4 ms of a 4.8 ms step and rewriting the whole KV buffer ~0.4 ms; as a
-memoized graph and an appended key block they cost nothing per step. Inside the step graph every op is
-paid per call (onnxruntime's small kernels cost microseconds each whatever their size), so the graph is
-batch-free (2-D activations: a linear layer is one Gemm, no reshapes around it), takes one K and one V
-per layer (no slicing of a stacked buffer) and reads the FiLM scales, shifts and queries computed once in
-the prefix graph: 297 -> 195 kernels after onnxruntime's own fusions on the demo model.
+Why three graphs and not one: the mask computed inside the step graph and rewriting the whole KV buffer
+were a large share of a step (docs/benchmarks.md); as a memoized graph and an appended key block they
+cost nothing per step. Inside the step graph every op is paid per call (onnxruntime's small kernels cost
+microseconds each whatever their size), so the graph is batch-free (2-D activations: a linear layer is
+one Gemm, no reshapes around it), takes one K and one V per layer (no slicing of a stacked buffer) and
+reads the FiLM scales, shifts and queries computed once in the prefix graph.
 
 The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
 that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
@@ -37,7 +36,6 @@ from __future__ import annotations
 import argparse
 import json
 import logging
-import math
 import sys
 import time
 import warnings
@@ -51,7 +49,7 @@ import torch.nn.functional as F
 
 from vla.model import ActionTransformer
 from vla.model.config import PAD_ID
-from vla.model.transformer import Block, TokenCoords, ring_coords, ring_layout
+from vla.model.transformer import Block, TokenCoords, attention_weights, ring_coords, ring_layout
 from vla.policy.onnx_policy import MANIFEST_VERSION
 
 # the files an export writes (the int8 step only with --int8), by the names the manifest gives them
@@ -93,12 +91,7 @@ def _block(block: Block, x, mask, cache=None, rows: slice | None = None):
     k, v = (k_new, v_new) if cache is None else (torch.cat([cache[0], k_new], 1), torch.cat([cache[1], v_new], 1))
     if rows is not None:
         q, mask, x = q[:, rows], mask[:, rows], x[rows]  # (H, r, hd), (H|1, r, N + n), (r, d)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(a.head_dim)) + mask.to(q.dtype)  # (H, r, N + n)
-    # Masked (-inf) and far-below-the-maximum scores exponentiate to denormals, which onnxruntime's CPU
-    # softmax computes ~5x slower than normal numbers (measured: 130 vs 25 us for one layer's scores);
-    # floored at 80 below the row's maximum their weight is < 2e-35 of it, zero to float precision.
-    scores = torch.maximum(scores, scores.amax(-1, keepdim=True) - 80.0)
-    y = scores.softmax(-1) @ v  # (H, r, hd): scaled_dot_product_attention's math, written out
+    y = attention_weights(q, k, mask, floor=80.0) @ v  # (H, r, hd): the model's attention, denormal-free
     y = y.transpose(0, 1).reshape(q.shape[1], -1)  # (r, d)
     x = x + a.c_proj(y)
     return x + block.mlp(block.ln_2(x)), (k_new, v_new)

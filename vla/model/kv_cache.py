@@ -71,8 +71,8 @@ class KVCache:
         """The attention mask of a step in `slot` at `timestep` (B,), `build(self.coords())` when not seen
         before in this episode. What decides it besides the fixed layout: the slot, each slot's step
         offset from this one, which slots are filled, and the instruction's padding (fixed per episode).
-        On CPU those are read to form the key (microseconds; the mask costs ~0.7 ms of ~35 small ops and
-        repeats with the ring); on CUDA that read would be a device sync, so it is built every step."""
+        On CPU those are read to form the key (microseconds; the mask is dozens of small ops and repeats
+        with the ring); on CUDA that read would be a device sync, so it is built every step."""
         if self.kv.device.type != "cpu":
             return build(self.coords())
         key = (slot, (timestep[:, None] - self.slot_timestep).numpy().tobytes(), self.slot_valid.numpy().tobytes())
