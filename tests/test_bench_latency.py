@@ -14,10 +14,9 @@ TINY = [
     "n_layer=2",
     "n_head=2",
     "d_ff=64",
-    "patch_embed=linear",
-    "film=false",
-    "keypoints=0",
-    "aux_feed=false",
+    "conv_channels=4",  # the shipped architecture (conv stem, FiLM, keypoints) scaled down
+    "keypoints=2",
+    "keypoint_channels=4",
     "instruction_len=6",
     "action_bins=16",
 ]
