@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vla.model import ActionTransformer
-from vla.model.network import StepOutput
+from vla.model.streaming import StepOutput
 
 
 class CapturedStep:

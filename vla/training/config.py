@@ -9,7 +9,7 @@ reads them from the dataset into a `DataSpec` saved with the checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import ClassVar, Literal
+from typing import ClassVar
 
 from vla.config import apply_overrides, from_dict, load_yaml
 from vla.model import ModelConfig
@@ -34,7 +34,6 @@ class DataConfig:
     # (envs/language.py's training grammar; tabletop data only); > 0 also drops function words and injects
     # made-up words, and adds the grammar's words to the vocabulary. 0 = off: every demo's own instruction.
     instruction_augment: float = 0.8
-    action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
     # Privileged targets, used when the file has them (a notice says when it does not): our collector
     # records them; real robot data has none, and the policy then trains without these losses.
     aux_key: str = "object"  # obs/<key>: object positions for an auxiliary localization loss ("" = off)
@@ -45,6 +44,8 @@ class DataConfig:
     gripper_dim: int = -1  # the action dimension that commands the gripper (closed above its range's middle)
     waypoint_dims: list[int] = field(default_factory=lambda: [0, 1, 2])  # proprio dims placing the hand; [] = all
     action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
+    # removed: bin placement other than uniform (quantile, mu-law) was never used nor measured by a preset
+    RETIRED: ClassVar[dict[str, object]] = {"action_mode": "uniform"}
 
     def __post_init__(self):
         self.train_split, self.valid_split = self.train_split or "", self.valid_split or ""  # `split=` parses as None
