@@ -49,7 +49,7 @@ def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint):
     with torch.no_grad():
         kv, instr_valid, film = PrefixGraph(model)(ids)
     torch.testing.assert_close(kv[:, :, :, :, :12], cache.kv[:, :, :, :, :12], atol=1e-6, rtol=0)
-    torch.testing.assert_close(film, cache.film_ctx, atol=1e-6, rtol=0)
+    torch.testing.assert_close(film, cache.film_ctx.flat(), atol=1e-6, rtol=0)
     layers = kv[:, :, 0].flatten(0, 1)  # (n_layer*2, H, N, hd): k0, v0, k1, ... as the runtime feeds them
     slot_timestep, slot_valid = torch.zeros(1, K, dtype=torch.long), torch.zeros(1, K, dtype=torch.bool)
     for t in range(2 * K + 1):

@@ -136,7 +136,7 @@ class PrefixGraph(nn.Module):
         kv = F.pad(kv, (0, 0, 0, N - L))  # (n_layer, 2, B, H, N, hd): the K step slots empty
         state = [kv, valid]
         if cfg.film:
-            state.append(m.instruction_context(instruction, embedded))  # (B, F)
+            state.append(m.instruction_context(instruction, embedded).flat())  # (B, F): the parts side by side
         return tuple(state)
 
 
@@ -190,7 +190,7 @@ class StepGraph(nn.Module):
         """state: the FiLM conditioning (B, F) when the model has FiLM, then k0, v0, k1, ... (H, N, hd)."""
         m, lay = self.model, self.model.layout
         n_obs, S = lay.n_obs_tokens, lay.tokens_per_step
-        film, kv = (state[0], state[1:]) if m.cfg.film else (None, state)
+        film, kv = (m.patch_embed.film_from_flat(state[0]), state[1:]) if m.cfg.film else (None, state)
         h = m.embed_steps(image[:, None], proprio[:, None], film).x[0, 0]  # (1, 1, S, d) -> (S, d)
         new_kv = []
         for i, block in enumerate(m.blocks):

@@ -34,7 +34,7 @@ class KVCache:
     tokens_per_step: int  # S, tokens
     n_steps: int = 0  # steps appended since `start` (the next step goes to slot n_steps % K)
     started: bool = False  # has `start` encoded an instruction since the last reset
-    film_ctx: torch.Tensor | None = None  # (B, F) the instruction's FiLM conditioning of the stem, set by start
+    film_ctx: object | None = None  # the instruction's FiLM conditioning of the stem (vision.Film), set by start
     _layout: tuple | None = field(default=None, repr=False)  # (pos, slot, index) of the buffer, built once
     _masks: dict = field(default_factory=dict, repr=False)  # this episode's step masks by what decides them
 

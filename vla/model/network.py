@@ -52,7 +52,7 @@ from vla.model.config import (
 from vla.model.streaming import Streaming
 from vla.model.text_encoder import FrozenTextEncoder
 from vla.model.transformer import Block, TokenCoords, attention_mask
-from vla.model.vision import PatchEmbed
+from vla.model.vision import Film, PatchEmbed
 
 
 @dataclass
@@ -172,10 +172,10 @@ class ActionTransformer(Streaming, nn.Module):
             words = self.instr_proj(self.text_encoder(instruction).to(self.instr_proj.weight.dtype))  # (B, L, E) -> d
         return words + self.instr_pos.weight[: instruction.shape[1]] + seg
 
-    def instruction_context(self, instruction: torch.Tensor, embedded: torch.Tensor | None = None):
+    def instruction_context(self, instruction: torch.Tensor, embedded: torch.Tensor | None = None) -> Film | None:
         """What the instruction sets in a FiLM stem (None without one): ids (B, L) and their embedding (B, L, d)
-        (`embed_instruction`, computed here when not given) -> (B, F), the stem's per-channel scales and
-        shifts and the keypoint queries (`PatchEmbed.condition`), once per instruction.
+        (`embed_instruction`, computed here when not given) -> the stem's per-channel scales and shifts and
+        the keypoint queries (`PatchEmbed.condition`), once per instruction.
 
         They read a summary (B, 2d): two learned attention pools over the instruction's token embeddings
         (word + position): one can learn "the first colour word" (which block), the other "the second"."""
@@ -186,10 +186,10 @@ class ActionTransformer(Streaming, nn.Module):
         pad = (instruction == PAD_ID)[..., None]  # (B, L, 1)
         scores = self.film_pool(embedded).masked_fill(pad, float("-inf"))  # (B, L, 2)
         pooled = torch.einsum("blq,bld->bqd", scores.softmax(dim=1), embedded)  # (B, 2, d)
-        return self.patch_embed.condition(pooled.flatten(1))  # (B, 2d) -> (B, F)
+        return self.patch_embed.condition(pooled.flatten(1))  # (B, 2d) -> Film
 
-    def embed_steps(self, image, proprio, context=None, committed=None) -> StepEmbedding:
-        """Step tokens: image (B,T,C,H,W,3) uint8, proprio (B,T,P) normalized, context (B, F) the instruction's
+    def embed_steps(self, image, proprio, context: Film | None = None, committed=None) -> StepEmbedding:
+        """Step tokens: image (B,T,C,H,W,3) uint8, proprio (B,T,P) normalized, context the instruction's
         FiLM conditioning (`instruction_context`), committed (B,T,chunk*A) int64 bins already decided for
         slot j itself (-1 = free; read only with committed_actions) -> StepEmbedding with x (B, T, S, d).
         Time is not embedded: it enters through the attention mask's relative bias."""
@@ -199,7 +199,7 @@ class ActionTransformer(Streaming, nn.Module):
         if self.aux_head is not None:
             feats = [vision.where.reshape(B, T, -1), proprio.to(vision.where.dtype)]  # (B, T, 2CM), (B, T, P)
             if context is not None:
-                feats.append(context[:, None].expand(B, T, -1).to(vision.where.dtype))  # (B, T, F)
+                feats.append(context.flat()[:, None].expand(B, T, -1).to(vision.where.dtype))  # (B, F) -> (B, T, F)
             aux_pred = self.aux_head(torch.cat(feats, -1))  # (B, T, 2CM + P [+ F]) -> (B, T, aux_dim)
         prop = self.proprio_embed(proprio.to(vision.tokens.dtype))  # (B, T, d)
         if self.aux_embed is not None:  # given, not trained through: the prediction learns from its target
@@ -216,7 +216,7 @@ class ActionTransformer(Streaming, nn.Module):
         The instruction is embedded once: the stream's prefix and the FiLM context both read it."""
         instruction = batch["instruction"]
         prefix = self.embed_instruction(instruction)  # (B, L, d)
-        context = self.instruction_context(instruction, prefix)  # (B, F) or None
+        context = self.instruction_context(instruction, prefix)  # Film or None
         emb = self.embed_steps(batch["image"], batch["proprio"], context, batch.get("committed"))
         return torch.cat([prefix, emb.x.flatten(1, 2)], dim=1), emb  # (B, L + T*S, d)
 

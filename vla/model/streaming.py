@@ -90,7 +90,7 @@ class Streaming:
         x = embedded = self.embed_instruction(instruction)  # (B, L, d)
         for i, block in enumerate(self.blocks):
             x, _ = block(x, mask, cache.kv[i, :, :, :, :L], 0)  # a view: writes land in the buffer
-        cache.film_ctx = self.instruction_context(instruction, embedded)  # (B, F) or None: once per episode
+        cache.film_ctx = self.instruction_context(instruction, embedded)  # Film or None: once per episode
         cache.started = True
 
     @torch.inference_mode()
