@@ -20,7 +20,6 @@ from pathlib import Path
 TASK_COLUMNS = ["tabletop/Reach-v0", "tabletop/Push-v0", "tabletop/PickPlace-v0", "tabletop/Stack-v0"]
 VARIANTS: dict[str, list[str]] = {
     "demo: relative time, K=2, chunk 4, 256 bins": [],
-    "absolute time (learned)": ["model.time_encoding=learned"],
     "window K=1": ["model.window=1"],
     "window K=4": ["model.window=4"],
     "no chunking (chunk 1)": ["model.chunk=1"],

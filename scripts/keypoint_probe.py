@@ -27,7 +27,7 @@ def measure(model: ActionTransformer, batch: dict, targets: torch.Tensor) -> dic
     """Heat-map entropy, keypoint spread, the best keypoint's error against `targets` (B, T, n, 2)."""
     with torch.no_grad():
         context = model.instruction_context(batch["instruction"])
-        emb = model.embed_steps(batch["image"], batch["proprio"], batch["timestep"], None, context)
+        emb = model.embed_steps(batch["image"], batch["proprio"], context)
     heat, where = emb.heat, emb.where  # (B, T, C, M, h*w), (B, T, C, M, 2)
     entropy = float(-(heat.clamp_min(1e-12).log() * heat).sum(-1).mean())
     target = targets[:, -1, 0]  # (B, 2): the named object in the last step

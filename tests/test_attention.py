@@ -43,9 +43,9 @@ def test_vla_eval_attention_writes_one_png_per_layer_and_step(tiny_checkpoint, t
                       "--attention-steps", "0,2"])  # fmt: skip
     assert code == 0
     pngs = sorted(p.name for p in tmp_path.glob("*.png"))
-    n_layer = load_policy(tiny_checkpoint).cfg.n_layer
-    assert len(pngs) == 2 * n_layer
-    assert pngs[0].startswith("Reach-v0_seed100000_step000_layer0")
+    n_layer = load_policy(tiny_checkpoint).cfg.n_layer  # a keypoint model: one heat-map figure per step too
+    assert len([p for p in pngs if "_layer" in p]) == 2 * n_layer and len(pngs) == 2 * n_layer + 2
+    assert "Reach-v0_seed100000_step000_layer0.png" in pngs and "Reach-v0_seed100000_step002_keypoints.png" in pngs
 
 
 def test_keypoint_heat_maps_are_drawn_for_keypoint_models(tmp_path):

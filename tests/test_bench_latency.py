@@ -14,10 +14,9 @@ TINY = [
     "n_layer=2",
     "n_head=2",
     "d_ff=64",
-    "patch_embed=linear",
-    "film=false",
-    "keypoints=0",
-    "aux_feed=false",
+    "conv_channels=4",  # the shipped architecture (conv stem, FiLM, keypoints) scaled down
+    "keypoints=2",
+    "keypoint_channels=4",
     "instruction_len=6",
     "action_bins=16",
 ]
@@ -52,21 +51,19 @@ def test_latency_json_and_markdown(tmp_path, capsys):
     for key in ("streaming_ms", "recompute_ms", "hf_gpt2_ms"):
         assert set(r[key]) >= {"p50", "p99"} and 0 < r[key]["p50"] <= r[key]["p99"]
     assert 0 <= r["max_abs_diff"] <= 1e-4
-    assert r["decoding"] == "parallel" and set(r["by_decoding"]) == {"parallel", "autoregressive"}
+    assert r["decoding"] == "parallel" and set(r["by_decoding"]) == {"parallel"}
     assert all(m["tokens_identical"] for m in r["by_decoding"].values())
     assert r["by_decoding"]["parallel"]["hf_gpt2_one_pass_ms"]["p50"] > 0
     assert r["config"]["d_model"] == 32 and r["config"]["window"] == 3 and r["threads"] == 1
     md = out.with_suffix(".md").read_text()
-    assert "| parallel |" in md and "| autoregressive |" in md
+    assert "| parallel |" in md
     assert "streaming" in capsys.readouterr().out
 
 
 def test_latency_without_transformers(tmp_path, monkeypatch):
     monkeypatch.setitem(sys.modules, "transformers", None)  # `import transformers` raises ImportError
     out = tmp_path / "lat.json"
-    assert (
-        main(["latency", "--json", str(out), "--decoding", "autoregressive", "--backend", "torch", *ARGS, *TINY]) == 0
-    )
+    assert main(["latency", "--json", str(out), "--backend", "torch", *ARGS, *TINY]) == 0
     r = json.loads(out.read_text())
     assert r["hf_gpt2_ms"] is None and "transformers" in r["hf_gpt2_reason"]
     assert r["streaming_ms"]["p50"] > 0 and r["max_abs_diff"] <= 1e-4
@@ -114,7 +111,7 @@ def test_latency_backends_and_flop_limit_columns(tmp_path):
     from vla.model.card import model_card
 
     out = tmp_path / "lat.json"
-    argv = ["latency", "--json", str(out), "--decoding", "parallel", *ARGS, *TINY]
+    argv = ["latency", "--json", str(out), *ARGS, *TINY]
     assert main(argv) == 0
     r = json.loads(out.read_text())
     assert list(r["backends_ms"]) == ["torch", "onnxruntime", "onnxruntime-int8"]
@@ -136,12 +133,11 @@ def test_latency_backends_and_flop_limit_columns(tmp_path):
 
 
 def test_latency_backend_flag(tmp_path, capsys):
-    """--backend picks the backends; one that cannot run (autoregressive is not exportable) says why."""
+    """--backend picks the backends; an unknown one is a one-line error."""
     out = tmp_path / "lat.json"
     argv = ["latency", "--json", str(out), "--backend", "torch,onnxruntime", *ARGS, *TINY]
-    assert main([*argv, "--decoding", "autoregressive"]) == 0
-    m = json.loads(out.read_text())["by_decoding"]["autoregressive"]
-    assert m["backends_ms"]["onnxruntime"] is None and "autoregressive" in m["backend_reasons"]["onnxruntime"]
+    assert main(argv) == 0
+    m = json.loads(out.read_text())["by_decoding"]["parallel"]
     assert m["backends_ms"]["torch"]["p50"] > 0 and set(m["backends_ms"]) == {"torch", "onnxruntime"}
     assert main(["latency", "--backend", "tensorrt", *ARGS, *TINY]) == 2
     assert "--backend 'tensorrt'" in capsys.readouterr().err

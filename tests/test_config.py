@@ -103,3 +103,27 @@ def test_data_decided_sizes_are_refused_with_a_reason():
     for key in ("image_size", "proprio_dim", "action_dim", "vocab_size", "aux_dim"):
         with pytest.raises(ConfigError, match=f"'model.{key}' is decided by the data"):
             load_config(None, [f"model.{key}=3"])
+
+
+def test_removed_options_say_so_and_old_saved_configs_still_load():
+    """A retired option (docs/ablations.md) set to the behaviour that remains is what an old checkpoint's
+    config.json holds: it loads. Any other value names the option and where it went."""
+    from vla.training.config import TrainConfig, load_config
+
+    old = ["model.time_encoding=relative", "model.action_decoding=parallel", "optim.ema_decay=0", "train.stop_at=7"]
+    assert load_config(None, old) == TrainConfig()
+    saved = to_dict(TrainConfig())
+    saved["model"]["causal_scope"], saved["train"]["skip_nonfinite"] = "step", False
+    assert from_dict(TrainConfig, saved) == TrainConfig()
+    with pytest.raises(ConfigError, match="'model.action_decoding' was removed .only 'parallel' remains.*0c1a0cc"):
+        load_config(None, ["model.action_decoding=autoregressive"])
+    with pytest.raises(ConfigError, match="'train.skip_nonfinite' was removed"):
+        from_dict(TrainConfig, {"train": {"skip_nonfinite": True}})
+
+
+def test_auxiliary_targets_need_keypoints():
+    from vla.training.config import load_config
+
+    assert load_config("configs/ablations/linear_patches.yaml", []).model.keypoints == 0
+    with pytest.raises(ConfigError, match="need model.keypoints > 0"):
+        load_config("configs/ablations/linear_patches.yaml", ["data.aux_key=object"])

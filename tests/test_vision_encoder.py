@@ -34,7 +34,7 @@ from vla.training.distributed import Distributed
 from vla.training.train import build_optimizer, load_data, resolve_optional_keys, train_step
 
 TINY = "configs/tiny.yaml"
-CONV = "model.patch_embed=conv"  # tiny.yaml's linear patches have no stem to replace
+CONV = "model.patch_embed=conv"  # tiny.yaml's own stem (the default), named where a test relies on it
 MEAN, STD = [0.5, 0.4, 0.3], [0.2, 0.25, 0.3]
 ENCODER = "patch_embed.encoder."  # where a fine-tuned encoder's weights sit in the state dict
 
@@ -105,8 +105,11 @@ def test_config_vision_encoder_fields(encoder):
     refusals = {
         "use null for the conv stem": ["model.vision_encoder=''"],
         "vision_encoder_trainable=True needs a vision_encoder folder": ["model.vision_encoder_trainable=true"],
-        "needs patch_embed='conv', got patch_embed='linear'": [f"model.vision_encoder={encoder}"],
-        "conditions nothing: it needs keypoints > 0": [CONV, "model.film=true", f"model.vision_encoder={encoder}"],
+        "needs patch_embed='conv', got patch_embed='linear'": [
+            "model.patch_embed=linear",
+            f"model.vision_encoder={encoder}",
+        ],
+        "conditions nothing: it needs keypoints > 0": [CONV, "model.keypoints=0", f"model.vision_encoder={encoder}"],
         "'model.vision_fingerprint' is decided by the data": ["model.vision_fingerprint=abc"],
     }
     for why, overrides in refusals.items():
@@ -176,7 +179,7 @@ def test_the_encoder_loads_local_files_only_and_normalizes_as_its_processor_says
 @pytest.mark.parametrize("which", ["resnet", "vit"])
 def test_streaming_equals_recompute_with_a_vision_encoder(which, trainable, request):
     folder = request.getfixturevalue({"resnet": "encoder", "vit": "vit"}[which])
-    for kw in (dict(film=False, keypoints=0), dict(film=True, keypoints=2, sharp=True)):  # keypoint FiLM kept
+    for kw in (dict(film=False, keypoints=0, aux_feed=False), dict(film=True, keypoints=2, sharp=True)):  # kp FiLM kept
         model = make_model(patch_embed="conv", vision_encoder=str(folder), vision_encoder_trainable=trainable, **kw)
         assert model.patch_embed.film is None and isinstance(model.patch_embed.encoder, VisionEncoder)
         assert model.layout.n_image_tokens == model.layout.grid**2 + model.cfg.keypoints  # the stem's layout

@@ -116,6 +116,8 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
     for key, value in data.items():
         if key not in types_:
             name = f"{where}.{key}".replace("config.", "")
+            if _retired(cls, key, value, name):
+                continue
             if key in getattr(cls, "DATA_DECIDED", ()):
                 raise ConfigError(f"'{name}' is decided by the data (saved as the checkpoint's data_spec), not set")
             raise ConfigError(f"unknown key '{name}'{_nearest(key, list(types_))}")
@@ -126,6 +128,19 @@ def from_dict(cls: type[T], data: dict[str, Any], where: str = "config") -> T:
         raise
     except (TypeError, ValueError) as e:
         raise ConfigError(f"{where}: {e}") from None
+
+
+def _retired(cls: type, key: str, value: Any, name: str) -> bool:
+    """True for a removed option saved with the one behaviour left (an old checkpoint's config: dropped);
+    a ConfigError for a removed option set to anything else; False for a key that never existed."""
+    retired = getattr(cls, "RETIRED", {})
+    if key not in retired:
+        return False
+    if retired[key] is None or value == retired[key]:
+        return True
+    raise ConfigError(
+        f"'{name}' was removed (only {retired[key]!r} remains; docs/ablations.md says how to run commit 0c1a0cc)"
+    )
 
 
 def to_dict(cfg: Any) -> dict[str, Any]:
@@ -153,6 +168,9 @@ def apply_overrides(cfg: T, overrides: list[str]) -> T:
         parts = dotted.split(".")
         for depth, part in enumerate(parts):
             types_ = _field_types(cls)
+            if depth == len(parts) - 1 and part in getattr(cls, "RETIRED", {}):
+                node[part] = _parse_scalar(text)  # from_dict drops it or says it was removed
+                break
             if part not in types_:
                 prefix = ".".join(parts[:depth])
                 name = f"{prefix}.{part}" if prefix else part

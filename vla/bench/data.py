@@ -72,7 +72,7 @@ def run(args) -> dict:
     cfg = from_dict(TrainConfig, load_yaml(args.config))
     path = _ensure_data(Path(args.data))
     keys = ObsKeys()
-    tok = fit_tokenizers(path, "train", keys, cfg.model.action_bins, cfg.data.action_mode)
+    tok = fit_tokenizers(path, "train", keys, cfg.model.action_bins, "uniform")
     m, B = cfg.model, cfg.train.batch_size
     rows = {}
     for name, preload, workers in (

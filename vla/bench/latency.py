@@ -4,20 +4,18 @@ One control step = append one step's observation tokens and decode its action to
 window full (K steps; the oldest is evicted). Three ways, same model size and token counts:
 
 - streaming: `ActionTransformer.step` on the constant-memory ring-buffer cache;
-- recompute: `ActionTransformer.recompute`, the same window from scratch, no cache (autoregressive
-  decoding needs one full pass per action token);
+- recompute: `ActionTransformer.recompute`, the same window from scratch, no cache;
 - hf_gpt2: `transformers.GPT2LMHeadModel` built from a `GPT2Config` of the same width, depth, heads
   and MLP width (random weights, nothing downloaded), fed `inputs_embeds` prepared outside the timer,
   with its `past_key_values` cache held at the same window length (the step's tokens are cropped
   off again after each timed step). It processes the same tokens per step the way a language model
   decodes actions: one call with the observation tokens (+ the token before the first action),
-  then one call per further action token. That equals our autoregressive pass structure, so in that
-  row the difference is per-call overhead only.
-- hf_gpt2_one_pass (with our parallel decoding only): GPT-2 given the whole step in one call, the
-  same single pass our parallel decoding makes: again a like-for-like overhead comparison.
+  then one call per further action token.
+- hf_gpt2_one_pass: GPT-2 given the whole step in one call, the same single pass our parallel decoding
+  makes: a like-for-like overhead comparison.
 
-The top level reports our parallel decoding (one pass per step) against the token-at-a-time GPT-2
-peer; `by_decoding` has every pairing, matched ones included.
+The top level reports our decoding (one pass per step, every action slot at once) against the
+token-at-a-time GPT-2 peer; `by_decoding` keeps the layout of older result files.
 
 Backends (`--backend`, default all): the streaming step on torch eager (the `streaming` row), and the
 exported step graph (vla/export/graphs.py's `StepGraph`, exported from this benchmark's model) on onnxruntime
@@ -106,12 +104,6 @@ def add_arguments(p) -> None:
     p.add_argument("--steps", type=int, default=200, help="timed control steps per method (default 200)")
     p.add_argument("--warmup", type=int, default=None, help="untimed steps first (default: window + 10)")
     p.add_argument("--window", type=int, default=None, help="K, control steps in the window (default: the model's)")
-    p.add_argument(
-        "--decoding",
-        choices=["autoregressive", "parallel", "both"],
-        default="both",
-        help="our action decoding to measure; with 'both' (default) the top level reports parallel",
-    )
     p.add_argument("--threads", type=int, default=None, help="torch threads (default: usable cores)")
     add_backend_argument(p)
     add_peak_argument(p)
@@ -139,17 +131,15 @@ def _equivalence(model, ep: SyntheticEpisode, device) -> tuple[float, bool]:
     K = model.cfg.window
     cache = model.new_cache(1, device)
     model.start(cache, ep.instruction)
-    worst, same, tokens = 0.0, True, []
+    worst, same = 0.0, True
     for t in range(ep.n_steps):
         out = model.step(cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t])
-        tokens.append(out.tokens)
         lo = max(0, t - K + 1)
         ref = model.recompute(
             ep.instruction,
             ep.image[:, lo : t + 1],
             ep.proprio[:, lo : t + 1],
             ep.timestep[:, lo : t + 1],
-            actions=torch.stack(tokens[lo : t + 1], dim=1),
         )
         worst = max(worst, (out.logits.float() - ref.logits.float()).abs().max().item())
         same &= bool((out.tokens == ref.tokens).all())
@@ -184,12 +174,12 @@ def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
     lay = model.layout
     ep = SyntheticEpisode(lay, warmup + args.steps, device, args.seed)
     streaming = Streaming(model, ep, device)
-    methods = {"streaming": streaming, "recompute": Recompute(model, ep, streaming)}
+    methods = {"streaming": streaming, "recompute": Recompute(model, ep)}
     hf_reason = None
     try:
         methods["hf_gpt2"] = HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=False)
-        if cfg.action_decoding == "parallel":  # GPT-2 given our parallel slots: same single pass
-            methods["hf_gpt2_one_pass"] = HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
+        # GPT-2 given our parallel slots: the same single pass
+        methods["hf_gpt2_one_pass"] = HFGPT2(lay, warmup + args.steps, device, args.seed, one_pass=True)
     except ImportError as e:  # an optional extra: `pip install -e .[bench]`
         hf_reason = f"transformers is not importable ({e}); install the `bench` extra"
     with tempfile.TemporaryDirectory(prefix="vla-bench-onnx-") as tmp:
@@ -204,7 +194,7 @@ def _measure(cfg: ModelConfig, args, device, backends: list[str]) -> dict:
         "max_abs_diff": diff,
         "tokens_identical": same,
         "equivalence_steps": n_eq,
-        "forward_passes_per_step": lay.n_action_tokens if cfg.action_decoding == "autoregressive" else 1,
+        "forward_passes_per_step": 1,
         # the streaming step per backend ("torch" is `streaming_ms`); null with a reason where it cannot run
         "backends_ms": {
             b: ms_summary(times["streaming" if b == "torch" else b]) if b not in reasons else None for b in backends
@@ -264,17 +254,17 @@ def run(args) -> dict:
     torch.set_num_threads(threads)
     check_peak_seconds(args.peak_seconds)
     backends = parse_backends(args.backend)
-    modes = ["parallel", "autoregressive"] if args.decoding == "both" else [args.decoding]
+    modes = ["parallel"]  # the one decoding (autoregressive was removed in issue 42)
     primary = modes[0]
     load = os.getloadavg()[0]
     # The matmul peak in the same run at the same thread count, before and after the steps: the better
     # of the two is what this machine can do (a busy neighbour during one of them only lowers it).
     peak_before = matmul_peak(device, args.peak_seconds)
-    by_mode = {m: _measure(replace(cfg, action_decoding=m), args, device, backends) for m in modes}
+    by_mode = {m: _measure(cfg, args, device, backends) for m in modes}
     peak_after = matmul_peak(device, args.peak_seconds)
     peak = max(peak_before, peak_after)
-    for m, r in by_mode.items():
-        r["flop_limit"] = flop_limit(r, replace(cfg, action_decoding=m), peak)
+    for r in by_mode.values():
+        r["flop_limit"] = flop_limit(r, cfg, peak)
     lay = TokenLayout(cfg, TABLETOP)
     top = by_mode[primary]
     result = {
@@ -290,11 +280,11 @@ def run(args) -> dict:
         "matmul_peak_before_after": [peak_before, peak_after],
         "by_decoding": by_mode,
         "eviction_ms": {"ring_buffer": 0.0, "roll_step_region": ms_summary(_time_roll(lay, device))},
-        "config": asdict(replace(cfg, action_decoding=primary)),
+        "config": asdict(cfg),
         "data_spec": asdict(TABLETOP),
         "tokens_per_step": lay.tokens_per_step,
         "window_tokens": lay.n_tokens,
-        "params": ActionTransformer(replace(cfg, action_decoding=primary), TABLETOP).num_params(),
+        "params": ActionTransformer(cfg, TABLETOP).num_params(),
         "steps": args.steps,
         "threads": torch.get_num_threads(),
         "cpu_count": os.cpu_count(),

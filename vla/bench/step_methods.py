@@ -76,13 +76,11 @@ class Streaming:
         self.model, self.ep = model, ep
         self.cache = model.new_cache(1, device)
         model.start(self.cache, ep.instruction)
-        self.tokens: list[torch.Tensor] = []  # decoded (1, chunk*A) per step, for recompute's past actions
         self.logits: list[torch.Tensor] = []  # (1, chunk*A, bins) per step, for the other backends' difference
 
     def __call__(self, t: int) -> None:
         ep = self.ep
         out = self.model.step(self.cache, ep.image[:, t], ep.proprio[:, t], ep.timestep[:, t])
-        self.tokens.append(out.tokens)
         self.logits.append(out.logits)
 
 
@@ -125,18 +123,16 @@ class OnnxStreaming:
 class Recompute:
     """The same window from scratch, no cache (what an uncached policy does every step)."""
 
-    def __init__(self, model, ep: SyntheticEpisode, streaming: Streaming):
-        self.model, self.ep, self.streaming = model, ep, streaming
+    def __init__(self, model, ep: SyntheticEpisode):
+        self.model, self.ep = model, ep
 
     def __call__(self, t: int) -> None:
         ep, lo = self.ep, max(0, t - self.model.cfg.window + 1)
-        past = self.streaming.tokens[lo : t + 1]  # (1, chunk*A) each; read under causal_scope="stream"
         self.model.recompute(
             ep.instruction,
             ep.image[:, lo : t + 1],  # (1, K, C, H, W, 3)
             ep.proprio[:, lo : t + 1],
             ep.timestep[:, lo : t + 1],
-            actions=torch.stack(past, dim=1) if len(past) == t + 1 - lo else None,
         )
 
 

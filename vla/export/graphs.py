@@ -17,27 +17,24 @@ Files written (`--out`, default CHECKPOINT/export/):
 - manifest.json: graph inputs/outputs (names, shapes, dtypes), the tokenizers, proprio normalization,
   action decoding (bin centres, readout), the policy and model configurations, and the parity figures.
 
-Why three graphs and not one: measured on the demo model (1 thread, onnxruntime 1.x), the mask computed
-inside the step graph cost ~1.4 ms of a 4.8 ms step and rewriting the whole KV buffer ~0.4 ms; as a
-memoized graph and an appended key block they cost nothing per step. Inside the step graph every op is
-paid per call (onnxruntime's small kernels cost microseconds each whatever their size), so the graph is
-batch-free (2-D activations: a linear layer is one Gemm, no reshapes around it), takes one K and one V
-per layer (no slicing of a stacked buffer) and reads the FiLM scales, shifts and queries computed once in
-the prefix graph: 297 -> 195 kernels after onnxruntime's own fusions on the demo model.
+Why three graphs and not one: the mask computed inside the step graph and rewriting the whole KV buffer
+were a large share of a step (docs/benchmarks.md); as a memoized graph and an appended key block they
+cost nothing per step. Inside the step graph every op is paid per call (onnxruntime's small kernels cost
+microseconds each whatever their size), so the graph is batch-free (2-D activations: a linear layer is
+one Gemm, no reshapes around it), takes one K and one V per layer (no slicing of a stacked buffer) and
+reads the FiLM scales, shifts and queries computed once in the prefix graph.
 
 The graphs are thin wrappers around the model's own submodules (embeddings, patch embed, blocks, head)
 that compute what `start` / `step` compute with the KV cache as explicit tensors instead of a buffer
-written in place. Export refuses (exit 2) what it cannot reproduce faithfully: autoregressive decoding
-(one pass per action token with a data-dependent feedback loop) and causal_scope="stream" (its cached
-keys carry context from evicted steps). At the end, short rollouts of every tabletop task compare the
-exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
+written in place. Export refuses (exit 2) what it cannot reproduce faithfully: a Hugging Face text or
+image encoder inside the model. At the end, short rollouts of every
+tabletop task compare the exported policy's actions with PyTorch's (`--parity-steps`, 0 to skip).
 """
 
 from __future__ import annotations
 
 import json
 import logging
-import math
 import time
 import warnings
 from dataclasses import fields
@@ -50,7 +47,7 @@ import torch.nn.functional as F
 
 from vla.model import ActionTransformer
 from vla.model.config import PAD_ID
-from vla.model.transformer import Block, TokenCoords, ring_coords, ring_layout
+from vla.model.transformer import Block, TokenCoords, attention_weights, ring_coords, ring_layout
 from vla.policy.onnx_policy import MANIFEST_VERSION
 
 # the files an export writes (the int8 step only with --int8), by the names the manifest gives them
@@ -64,16 +61,6 @@ class ExportError(ValueError):
 
 def check_exportable(model: ActionTransformer, policy_config=None) -> None:
     cfg = model.cfg
-    if cfg.action_decoding != "parallel":
-        raise ExportError(
-            f"action_decoding={cfg.action_decoding!r} cannot be exported: only 'parallel' (one pass per step) is "
-            "supported; autoregressive decoding feeds each decoded bin back through the trunk"
-        )
-    if cfg.causal_scope != "step":
-        raise ExportError(
-            f"causal_scope={cfg.causal_scope!r} cannot be exported faithfully: its cached keys carry context from "
-            "evicted steps, so the streaming step differs from the policy's definition once the window slides"
-        )
     if cfg.text_encoder:
         raise ExportError(
             f"model.text_encoder={cfg.text_encoder!r} cannot be exported: the prefix graph would have to carry the "
@@ -97,12 +84,7 @@ def _block(block: Block, x, mask, cache=None, rows: slice | None = None):
     k, v = (k_new, v_new) if cache is None else (torch.cat([cache[0], k_new], 1), torch.cat([cache[1], v_new], 1))
     if rows is not None:
         q, mask, x = q[:, rows], mask[:, rows], x[rows]  # (H, r, hd), (H|1, r, N + n), (r, d)
-    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(a.head_dim)) + mask.to(q.dtype)  # (H, r, N + n)
-    # Masked (-inf) and far-below-the-maximum scores exponentiate to denormals, which onnxruntime's CPU
-    # softmax computes ~5x slower than normal numbers (measured: 130 vs 25 us for one layer's scores);
-    # floored at 80 below the row's maximum their weight is < 2e-35 of it, zero to float precision.
-    scores = torch.maximum(scores, scores.amax(-1, keepdim=True) - 80.0)
-    y = scores.softmax(-1) @ v  # (H, r, hd): scaled_dot_product_attention's math, written out
+    y = attention_weights(q, k, mask, floor=80.0) @ v  # (H, r, hd): the model's attention, denormal-free
     y = y.transpose(0, 1).reshape(q.shape[1], -1)  # (r, d)
     x = x + a.c_proj(y)
     return x + block.mlp(block.ln_2(x)), (k_new, v_new)
@@ -137,7 +119,8 @@ class PrefixGraph(nn.Module):
             valid=valid,
         )
         mask = m.mask(prefix, prefix)[0]  # (1, L, L)
-        x = m.embed_instruction(instruction)[0]  # (L, d)
+        embedded = m.embed_instruction(instruction)  # (B, L, d)
+        x = embedded[0]  # (L, d)
         layers = []
         for block in m.blocks:
             x, kv = _block(block, x, mask)
@@ -146,7 +129,7 @@ class PrefixGraph(nn.Module):
         kv = F.pad(kv, (0, 0, 0, N - L))  # (n_layer, 2, B, H, N, hd): the K step slots empty
         state = [kv, valid]
         if cfg.film:
-            state.append(m.instruction_context(instruction))  # (B, F)
+            state.append(m.instruction_context(instruction, embedded).flat())  # (B, F): the parts side by side
         return tuple(state)
 
 
@@ -200,8 +183,8 @@ class StepGraph(nn.Module):
         """state: the FiLM conditioning (B, F) when the model has FiLM, then k0, v0, k1, ... (H, N, hd)."""
         m, lay = self.model, self.model.layout
         n_obs, S = lay.n_obs_tokens, lay.tokens_per_step
-        film, kv = (state[0], state[1:]) if m.cfg.film else (None, state)
-        h = m.embed_steps(image[:, None], proprio[:, None], timestep[:, None], None, film).x[0, 0]  # (S, d)
+        film, kv = (m.patch_embed.film_from_flat(state[0]), state[1:]) if m.cfg.film else (None, state)
+        h = m.embed_steps(image[:, None], proprio[:, None], film).x[0, 0]  # (1, 1, S, d) -> (S, d)
         new_kv = []
         for i, block in enumerate(m.blocks):
             rows = slice(n_obs, S) if i == len(m.blocks) - 1 else None

@@ -15,8 +15,7 @@ by pass and agree with `torch.utils.flop_counter.FlopCounterMode` (tests/test_mo
 Work the network does that it need not (left as is, the numerics are pinned): the FiLM scales and
 shifts are recomputed from the constant instruction context on every step (few FLOPs, but five small
 kernels per step); a step's observation queries score the earlier steps' keys that the mask then
-hides; recompute runs the vision of all K frames again, and autoregressive recompute runs the whole
-window through the trunk once per action token.
+hides; recompute runs the vision of all K frames again.
 """
 
 from __future__ import annotations
@@ -65,7 +64,7 @@ def _vision_flops(cfg: ModelConfig, lay: TokenLayout, n_frames: int) -> int:
 
 
 def _step_embed_flops(cfg: ModelConfig, lay: TokenLayout, n_steps: int, training: bool = False) -> int:
-    """FLOPs of `embed_steps` over n_steps steps: vision, proprio, the auxiliary readout, absolute time."""
+    """FLOPs of `embed_steps` over n_steps steps: vision, proprio, the auxiliary readout."""
     d, spec = cfg.d_model, lay.spec
     per_step = _linear(1, spec.proprio_dim, d)
     if spec.aux_dim and cfg.keypoints:  # the auxiliary MLP reads keypoint coordinates + proprio
@@ -73,8 +72,6 @@ def _step_embed_flops(cfg: ModelConfig, lay: TokenLayout, n_steps: int, training
         per_step += _linear(1, aux_in, d) + _linear(1, d, spec.aux_dim)
     if lay.feeds_aux:
         per_step += _linear(1, spec.aux_dim, d)
-    if cfg.time_encoding == "sinusoidal":
-        per_step += _linear(1, d, d)
     return _vision_flops(cfg, lay, n_steps) + n_steps * per_step
 
 
@@ -109,22 +106,14 @@ def _flops(cfg: ModelConfig, lay: TokenLayout) -> dict:
     """FLOPs of one streaming control step, one recompute, and one training sample, pass by pass as
     `ActionTransformer.step`, `.recompute` and `.forward` run them."""
     L, K, S = cfg.instruction_len, cfg.window, lay.tokens_per_step
-    n_obs, CA, bins, d = lay.n_obs_tokens, lay.n_action_tokens, cfg.action_bins, cfg.d_model
+    CA, bins, d = lay.n_action_tokens, cfg.action_bins, cfg.d_model
     N = L + K * S  # a full window's stream = the streaming buffer (every query scores all of it, masked or not)
     head = _linear(CA, d, bins)  # one step's action slots
-    autoregressive = cfg.action_decoding == "autoregressive"
-    embed_step = _step_embed_flops(cfg, lay, 1)
-    if autoregressive:  # observation tokens + slot 0 (only slot 0 leaves the last block), then a pass per slot
-        streaming = _trunk_flops(cfg, n_obs + 1, N, 1) + (CA - 1) * _trunk_flops(cfg, 1, N, 1)
-    else:  # the whole step at once; only its action slots leave the last block
-        streaming = _trunk_flops(cfg, S, N, CA)
-    streaming += embed_step + head  # the instruction prefix and FiLM context are paid once, in `start`
-    passes = CA if autoregressive else 1
-    recompute = passes * _trunk_flops(cfg, N, N, CA // passes) + head
-    recompute += _step_embed_flops(cfg, lay, K) + _film_context_flops(cfg)
+    # the whole step at once; only its action slots leave the last block. The instruction prefix and FiLM
+    # context are paid once, in `start`.
+    streaming = _trunk_flops(cfg, S, N, CA) + _step_embed_flops(cfg, lay, 1) + head
+    recompute = _trunk_flops(cfg, N, N, CA) + head + _step_embed_flops(cfg, lay, K) + _film_context_flops(cfg)
     forward = _trunk_flops(cfg, N, N, K * CA) + K * head + _step_embed_flops(cfg, lay, K) + _film_context_flops(cfg)
-    if lay.spec.aux_dim and not cfg.keypoints:  # the auxiliary MLP reads each step's first action slot
-        forward += K * (_linear(1, d, d) + _linear(1, d, lay.spec.aux_dim))
     return {
         "per_control_step_streaming": streaming,
         "per_control_step_recompute": recompute,
@@ -157,7 +146,7 @@ def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
         "proprio projection": _numel(model.proprio_embed),
         "action bins": _numel(model.action_embed),
         "segment + index-within-step": _numel(model.segment_embed) + _numel(model.index_embed),
-        "time": _numel(model.time_embed) + sum(p.numel() for p in (model.rel_bias, model.instr_bias) if p is not None),
+        "time": model.rel_bias.numel() + model.instr_bias.numel(),
     }
     components = {
         f"patch embed ({cfg.patch_embed})": _numel(model.patch_embed.proj),
@@ -189,9 +178,8 @@ def model_card(cfg: ModelConfig, spec: DataSpec) -> dict:
             "n_head": cfg.n_head,
             "d_ff": dff,
             "window": K,
-            "action_decoding": cfg.action_decoding,
-            "time_encoding": cfg.time_encoding,
-            "causal_scope": cfg.causal_scope,
+            "chunk": cfg.chunk,
+            "keypoints": cfg.keypoints,
         },
         "parameters": {"total": total, "by_component": components},
         "per_layer": {
@@ -225,8 +213,7 @@ def format_model_card(card: dict) -> str:
     c = card["config"]
     lines = [
         f"### Model card: d_model {c['d_model']}, {c['n_layer']} layers, {c['n_head']} heads, "
-        f"d_ff {c['d_ff']}, window {c['window']} ({c['action_decoding']}, {c['time_encoding']} time, "
-        f"causal_scope {c['causal_scope']})",
+        f"d_ff {c['d_ff']}, window {c['window']}, chunk {c['chunk']}, {c['keypoints']} keypoints",
         "",
         "| component | parameters |",
         "|---|---:|",

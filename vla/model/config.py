@@ -29,6 +29,15 @@ class ModelConfig:
         "text_fingerprint",
         "vision_fingerprint",
     )
+    # options that are gone, with the one behaviour left: a saved config naming that value still loads
+    # (vla.config.from_dict drops it); any other value is an error. The last commit with them: 0c1a0cc.
+    RETIRED: ClassVar[dict[str, object]] = {
+        "action_decoding": "parallel",  # autoregressive decoding (one pass per action token): export refused it
+        "causal_scope": "step",  # "stream": streaming equals recompute only until the window slides
+        "time_encoding": "relative",  # absolute (sinusoidal, learned) and no time
+        "max_episode_steps": None,  # the learned absolute time table's size; None: any value
+        "bias": True,  # Linear and LayerNorm biases are always on
+    }
     # vision
     patch_size: int = 16  # ViT patch side, pixels
     patch_embed: Literal["linear", "conv"] = "conv"  # pixels -> d_model: per-patch linear, or stride-conv stem
@@ -49,29 +58,22 @@ class ModelConfig:
     # actions
     action_bins: int = 256  # discretization bins per action dimension (ActionTokenizer.bins)
     chunk: int = 4  # future actions predicted per step (t .. t+chunk-1) -> chunk * A action slots
-    action_decoding: Literal["autoregressive", "parallel"] = "parallel"  # see vla/model/network.py
-    committed_actions: bool = (
-        False  # parallel slots can hold already-committed action bins (vla/training/delay_prefix.py)
-    )
-    # time and context
+    committed_actions: bool = False  # action slots can hold already-committed bins (vla/training/delay_prefix.py)
+    # context (time enters as a learned relative bias per head and step offset; vla/model/transformer.py)
     window: int = 2  # K: control steps in the context window (and KV-cache step slots)
-    time_encoding: Literal["relative", "sinusoidal", "learned", "none"] = "relative"  # see vla/model/network.py
-    max_episode_steps: int = 1000  # bound for time_encoding="learned" (step indices clamped), steps
-    causal_scope: Literal["step", "stream"] = "step"  # which earlier tokens a token sees; see transformer.py
     # transformer
     d_model: int = 128  # embedding width, features
     n_layer: int = 4  # transformer blocks
     n_head: int = 4  # attention heads (d_model / n_head features each)
     d_ff: int = 512  # MLP hidden width, features
     dropout: float = 0.0  # dropout probability (embeddings, attention, residual branches), training only
-    bias: bool = True  # biases in Linear layers and LayerNorms
 
     def __post_init__(self):
         if self.d_model % self.n_head:
             raise ValueError(f"d_model={self.d_model} is not divisible by n_head={self.n_head}")
         if self.patch_embed == "conv" and (self.patch_size < 2 or self.patch_size & (self.patch_size - 1)):
             raise ValueError(f"patch_embed='conv' needs patch_size a power of two >= 2, got {self.patch_size}")
-        for name in ("patch_size", "instruction_len", "chunk", "window", "max_episode_steps", "d_model"):
+        for name in ("patch_size", "instruction_len", "chunk", "window", "d_model"):
             if getattr(self, name) < 1:
                 raise ValueError(f"{name}={getattr(self, name)} must be >= 1")
         for name in ("n_layer", "n_head", "d_ff", "conv_channels", "keypoint_channels"):
@@ -97,11 +99,6 @@ class ModelConfig:
             )
         if self.aux_feed and not self.keypoints:
             raise ValueError("aux_feed=True needs keypoints > 0 (the auxiliary prediction reads the keypoints)")
-        if self.committed_actions and (self.action_decoding != "parallel" or self.causal_scope != "step"):
-            raise ValueError(
-                "committed_actions=True needs action_decoding='parallel' and causal_scope='step', got "
-                f"{self.action_decoding!r} and {self.causal_scope!r}"
-            )
         if self.action_bins < 2:
             raise ValueError(f"action_bins={self.action_bins} must be >= 2")
         if not 0.0 <= self.dropout < 1.0:

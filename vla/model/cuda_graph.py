@@ -19,7 +19,7 @@ from __future__ import annotations
 import torch
 
 from vla.model import ActionTransformer
-from vla.model.network import StepOutput
+from vla.model.streaming import StepOutput
 
 
 class CapturedStep:
@@ -35,7 +35,7 @@ class CapturedStep:
         self.image = torch.zeros(B, spec.n_cameras, size, size, 3, dtype=torch.uint8, device=device)
         self.proprio = torch.zeros(B, spec.proprio_dim, device=device)
         self.timestep = torch.zeros(B, dtype=torch.long, device=device)
-        self.film_ctx: torch.Tensor | None = None  # static copy of the episode's FiLM context
+        self.film_ctx = None  # static copy of the episode's FiLM conditioning (vision.Film), filled in place
         placeholder = torch.zeros(B, cfg.instruction_len, dtype=torch.long, device=device)
         placeholder[:, 0] = 1  # any instruction: start() encodes the real one in place
         self.start(placeholder)

@@ -34,7 +34,7 @@ class KVCache:
     instruction_len: int  # L, tokens
     tokens_per_step: int  # S, tokens
     started: bool = False  # has `start` encoded an instruction since the last reset
-    film_ctx: torch.Tensor | None = None  # (B, F) the instruction's FiLM conditioning of the stem, set by start
+    film_ctx: object | None = None  # the instruction's FiLM conditioning of the stem (vision.Film), set by start
     _layout: tuple | None = field(default=None, repr=False)  # (pos, slot, index) of the buffer, built once
     ring: StepRing = field(init=False, repr=False)  # which slot holds which step (over slot_timestep/slot_valid)
 

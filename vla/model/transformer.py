@@ -4,21 +4,24 @@ Which keys a query sees is decided by `attention_mask` from where each token sit
 the training pass, the from-scratch recompute and the streaming KV-cache step all describe their
 queries and keys this way and call it, so the three cannot drift apart.
 
-The rule (`causal_scope`):
+The rule:
 - instruction queries see the earlier instruction tokens (causal), padding keys hidden;
 - step queries see every (non-padding) instruction token;
 - a step query sees the earlier tokens of its own step (causal within the step);
-- "step" scope: an action query sees the observation tokens of earlier steps, and an observation query
-  sees nothing of earlier steps. A token that later steps read (an observation token) then depends only
-  on its own step and the instruction, at every layer, so its cached keys/values are exactly what a
-  from-scratch pass over any later window computes: streaming with eviction equals recomputation.
-- "stream" scope: every token of an earlier step is visible (the plain causal mask). Cached keys then
-  carry context from evicted steps, so streaming equals recomputation only until the window slides.
+- an action query sees the observation tokens of earlier steps, and an observation query sees nothing
+  of earlier steps. A token that later steps read (an observation token) then depends only on its own
+  step and the instruction, at every layer, so its cached keys/values are exactly what a from-scratch
+  pass over any later window computes: streaming with eviction equals recomputation. (The plain causal
+  mask over the whole stream would not: cached keys would carry context from evicted steps.)
 A query always sees itself (no empty rows). Relative time enters as a learned bias per head and step
 offset D = t_query - t_key in [0, K-1]; step queries also get a learned per-head bias on instruction keys.
 
 Never `is_causal=True`: PyTorch aligns it to the upper left, which is wrong whenever the queries are
 fewer than the keys (every cached step). Every call passes an explicit float mask.
+
+The attention itself is `scaled_dot_product_attention` in training and streaming; `attention_weights` is
+the same softmax written out, for the attention maps (`need_weights`) and for the exported step graph
+(vla/export/graphs.py), which runs it on batch-free tensors.
 """
 
 from __future__ import annotations
@@ -109,12 +112,25 @@ def attention_mask(
     return bias.masked_fill(~allowed[:, None], float("-inf"))
 
 
+def attention_weights(q: torch.Tensor, k: torch.Tensor, mask: torch.Tensor, floor: float | None = None):
+    """softmax(q kᵀ / sqrt(hd) + mask): q (.., H, r, hd), k (.., H, n_k, hd), mask (.., H|1, r, n_k) float
+    -> (.., H, r, n_k). With `floor`, scores are first raised to at least their row's maximum - floor:
+    masked (-inf) and far-below-the-maximum scores otherwise exponentiate to denormals, which onnxruntime's
+    CPU softmax computes several times slower than normal numbers; at 80 below the maximum a key's weight
+    is < 2e-35 of the best one's, zero to float precision (the exported graph uses it; `need_weights` does
+    not, so a masked key's weight stays exactly 0)."""
+    scores = (q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(q.shape[-1])) + mask.to(q.dtype)  # (.., H, r, n_k)
+    if floor is not None:
+        scores = torch.maximum(scores, scores.amax(-1, keepdim=True) - floor)
+    return scores.softmax(-1)
+
+
 class CausalSelfAttention(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
         self.n_head, self.head_dim = cfg.n_head, cfg.d_model // cfg.n_head
-        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model, bias=cfg.bias)  # q, k, v in one matmul
-        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model, bias=cfg.bias)
+        self.c_attn = nn.Linear(cfg.d_model, 3 * cfg.d_model)  # q, k, v in one matmul
+        self.c_proj = nn.Linear(cfg.d_model, cfg.d_model)
         self.dropout = cfg.dropout
         self.resid_drop = nn.Dropout(cfg.dropout)
 
@@ -137,7 +153,7 @@ class CausalSelfAttention(nn.Module):
         mask = mask.to(q.dtype)
         weights = None
         if need_weights:  # the math path, to expose the attention probabilities
-            weights = ((q @ k.transpose(-2, -1)) * (1.0 / math.sqrt(self.head_dim)) + mask).softmax(-1)
+            weights = attention_weights(q, k, mask)  # (B, H, n, n_keys)
             y = weights @ v  # (B, H, n, hd)
         else:
             p = self.dropout if self.training else 0.0
@@ -149,9 +165,9 @@ class CausalSelfAttention(nn.Module):
 class MLP(nn.Module):
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff, bias=cfg.bias)
+        self.c_fc = nn.Linear(cfg.d_model, cfg.d_ff)
         self.gelu = nn.GELU()
-        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model, bias=cfg.bias)
+        self.c_proj = nn.Linear(cfg.d_ff, cfg.d_model)
         self.drop = nn.Dropout(cfg.dropout)
 
     def forward(self, x):
@@ -163,9 +179,9 @@ class Block(nn.Module):
 
     def __init__(self, cfg: ModelConfig):
         super().__init__()
-        self.ln_1 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_1 = nn.LayerNorm(cfg.d_model)
         self.attn = CausalSelfAttention(cfg)
-        self.ln_2 = nn.LayerNorm(cfg.d_model, bias=cfg.bias)
+        self.ln_2 = nn.LayerNorm(cfg.d_model)
         self.mlp = MLP(cfg)
 
     def forward(self, x, mask, kv=None, pos=0, rows=None, need_weights=False):

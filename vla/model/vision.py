@@ -28,9 +28,31 @@ class ImageTokens:
     heat: torch.Tensor | None  # (B, T, C, M, h*w) keypoint heat maps (softmax over pixels), or None
 
 
+@dataclass
+class Film:
+    """What the instruction sets in the vision stem, computed once per instruction (`PatchEmbed.condition`)
+    and only read by every control step after it."""
+
+    stem: list[torch.Tensor]  # per hidden conv-stem stage: (B, 2c) [scale | shift]; [] without a FiLM stem
+    keypoints: list[torch.Tensor]  # per hidden keypoint-net layer: (B, 2c) [scale | shift]; [] without keypoints
+    query: torch.Tensor | None  # (B, M*c) each keypoint map's query, scaled by 1/sqrt(c); None without keypoints
+
+    def parts(self) -> list[torch.Tensor]:
+        return [*self.stem, *self.keypoints, *([] if self.query is None else [self.query])]
+
+    def flat(self) -> torch.Tensor:
+        """(B, F): every part side by side, the auxiliary head's input and the exported graphs' one tensor."""
+        return torch.cat(self.parts(), 1)
+
+    def copy_(self, other: Film) -> None:
+        """Overwrite in place (a captured CUDA graph reads these addresses)."""
+        for mine, theirs in zip(self.parts(), other.parts(), strict=True):
+            mine.copy_(theirs)
+
+
 def film_gelu(x: torch.Tensor, film: torch.Tensor | None) -> torch.Tensor:
     """GELU of feature maps x (N, c, h, w), first scaled and shifted per channel when there is FiLM: film
-    (B, 2c) is [scale | shift] (`PatchEmbed.condition`), shared by the N / B images of each batch row."""
+    (B, 2c) is [scale | shift] (a part of `Film`), shared by the N / B images of each batch row."""
     if film is not None:
         film = _per_image(film, x.shape[0])  # (N, 2c)
         scale, shift = film[:, :, None, None].chunk(2, 1)  # (N, c, 1, 1) each
@@ -60,13 +82,13 @@ class PatchEmbed(nn.Module):
             self.encoder = VisionEncoder(
                 cfg.vision_encoder, size, cfg.vision_encoder_trainable, layout.spec.vision_fingerprint or None
             )
-            self.proj = nn.Linear(self.encoder.channels, d, bias=cfg.bias)
+            self.proj = nn.Linear(self.encoder.channels, d)
         elif layout.spec.vision_fingerprint:
             raise ValueError(
                 f"data spec vision_fingerprint={layout.spec.vision_fingerprint!r} needs model.vision_encoder"
             )
         elif cfg.patch_embed == "linear":
-            self.proj = nn.Linear(p * p * 3, d, bias=cfg.bias)
+            self.proj = nn.Linear(p * p * 3, d)
         else:
             # A small convolutional stem ("early convolutions help transformers see", Xiao et al. 2021):
             # log2(p) overlapping 3x3 stride-2 stages, channels doubling from conv_channels, ending at
@@ -78,7 +100,7 @@ class PatchEmbed(nn.Module):
             convs, films, c_in, n = [], [], 3 + 2, p.bit_length() - 1
             for i in range(n):
                 c_out = d if i == n - 1 else cfg.conv_channels * 2**i
-                convs.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1, bias=cfg.bias))
+                convs.append(nn.Conv2d(c_in, c_out, kernel_size=3, stride=2, padding=1))
                 if cfg.film and i < n - 1:
                     films.append(nn.Linear(2 * d, 2 * c_out))
                 c_in = c_out
@@ -131,38 +153,33 @@ class PatchEmbed(nn.Module):
             return []
         return [*(self.film or []), *(self.kp_film or []), *([self.kp_query] if self.kp_query is not None else [])]
 
-    def condition(self, context: torch.Tensor | None) -> torch.Tensor | None:
-        """What the instruction sets in the stem, computed once per instruction: context (B, 2d) -> (B, F),
-        every FiLM layer's [scale | shift] (scale = 1 + gamma) and the keypoint queries (scaled by
-        1/sqrt(c)), concatenated; None without FiLM. A control step then only reads these."""
-        layers = self._conditioned()
-        if context is None or not layers:
+    def condition(self, context: torch.Tensor | None) -> Film | None:
+        """What the instruction sets in the stem, computed once per instruction: context (B, 2d) -> every
+        FiLM layer's [scale | shift] (scale = 1 + gamma) and the keypoint queries; None without FiLM."""
+        if context is None or not self.cfg.film:
             return None
-        parts = []
-        for layer in layers:
-            out = layer(context)  # (B, 2c) or (B, M*c)
-            if layer is self.kp_query:
-                parts.append(out / math.sqrt(self.cfg.keypoint_channels))  # (B, M*c)
-            else:
-                gamma, beta = out.chunk(2, 1)  # (B, c) each
-                parts.append(torch.cat([1 + gamma, beta], 1))  # (B, 2c)
-        return torch.cat(parts, 1)  # (B, F)
 
-    def _split_condition(self, cond: torch.Tensor | None) -> tuple[list, list, torch.Tensor | None]:
-        """(B, F) from `condition` -> the stem's FiLM per hidden stage, the keypoint net's, and the queries."""
-        n_stem = len(self.proj) - 1 if self.cfg.patch_embed == "conv" and self.encoder is None else 0
-        n_kp = len(self.kp_convs) - 1 if self.cfg.keypoints else 0
-        if cond is None:
-            return [None] * n_stem, [None] * n_kp, None
-        parts = list(cond.split([layer.out_features for layer in self._conditioned()], dim=1))
-        # FiLM conditions every hidden stage of a conv stem, and the keypoint net's FiLM and queries come with
-        # keypoints
-        return parts[:n_stem], parts[n_stem : n_stem + n_kp], parts[-1] if n_kp else None
+        def scale_shift(layer: nn.Linear) -> torch.Tensor:
+            gamma, beta = layer(context).chunk(2, 1)  # (B, c) each
+            return torch.cat([1 + gamma, beta], 1)  # (B, 2c)
+
+        stem, kp = [scale_shift(m) for m in self.film or []], [scale_shift(m) for m in self.kp_film or []]
+        query = None
+        if self.kp_query is not None:
+            query = self.kp_query(context) / math.sqrt(self.cfg.keypoint_channels)  # (B, M*c)
+        return Film(stem, kp, query)
+
+    def film_from_flat(self, flat: torch.Tensor) -> Film:
+        """`Film.flat`'s (B, F) back to its parts (the exported step graph receives the one tensor)."""
+        stem, kp = [m.out_features for m in self.film or []], [m.out_features for m in self.kp_film or []]
+        query = [] if self.kp_query is None else [self.kp_query.out_features]
+        parts = list(flat.split(stem + kp + query, dim=1))
+        return Film(parts[: len(stem)], parts[len(stem) : len(stem) + len(kp)], parts[-1] if query else None)
 
     def keypoints(self, x: torch.Tensor, films: list, query: torch.Tensor | None):
         """(N, 3, H, W) pixels -> keypoint tokens (N, M, d), coordinates (N, M, 2) and heat maps (N, M, h*w).
-        films / query from `condition` (B rows) condition the maps (N = B * steps * cameras)."""
-        for conv, film in zip(self.kp_convs[:-1], films, strict=True):
+        films / query from `condition` (B rows) condition the maps (N = B * steps * cameras); [] / None: none."""
+        for conv, film in zip(self.kp_convs[:-1], films or [None] * (len(self.kp_convs) - 1), strict=True):
             x = film_gelu(conv(x), film)  # (N, c, h, w)
         heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
         if query is not None:
@@ -194,13 +211,13 @@ class PatchEmbed(nn.Module):
             x = rearrange(x, "b t c (h p1) (w p2) ch -> b t c (h w) (p1 p2 ch)", p1=p, p2=p)  # (B, T, C, g*g, p*p*3)
             return self.proj(x)  # (B, T, C, g*g, d)
         x = pix  # (B*T*C, 5, H, W)
-        for conv, film in zip(self.proj[:-1], films, strict=True):
+        for conv, film in zip(self.proj[:-1], films or [None] * (len(self.proj) - 1), strict=True):
             x = film_gelu(conv(x), film)  # (B*T*C, c_i, H / 2^(i+1), W / 2^(i+1))
         x = self.proj[-1](x)  # (B*T*C, d, g, g)
         return rearrange(x, "(b t c) d h w -> b t c (h w) d", b=B, t=T)  # (B, T, C, g*g, d)
 
-    def forward(self, image: torch.Tensor, cond: torch.Tensor | None = None) -> ImageTokens:
-        """(B, T, C, H, W, 3) uint8 -> image tokens; `cond` (B, F) from `condition` conditions a FiLM stem."""
+    def forward(self, image: torch.Tensor, film: Film | None = None) -> ImageTokens:
+        """(B, T, C, H, W, 3) uint8 -> image tokens; `film` from `condition` conditions a FiLM stem."""
         B, T, C = image.shape[:3]
         x = image.to(self.row.dtype) / 255.0 - 0.5  # (B, T, C, H, W, 3) in [-0.5, 0.5]
         pix = None
@@ -208,7 +225,7 @@ class PatchEmbed(nn.Module):
             pix = rearrange(x, "b t c h w ch -> (b t c) ch h w")  # (B*T*C, 3, H, W)
             coords = self.coords.to(pix.dtype).expand(pix.shape[0], -1, -1, -1)  # (B*T*C, 2, H, W)
             pix = torch.cat([pix, coords], dim=1)  # (B*T*C, 5, H, W)
-        stem_films, kp_films, query = self._split_condition(cond)
+        stem_films, kp_films, query = (film.stem, film.keypoints, film.query) if film is not None else ([], [], None)
         tokens = self.patches(x, pix, stem_films)  # (B, T, C, g*g, d)
         where = heat = None
         if self.cfg.keypoints:

@@ -66,9 +66,7 @@ class TorchBackend:
             out = self.model.step(self._cache, image_t, proprio_t, timestep, committed=held)
         else:
             w = self.window_batch()
-            out = self.model.recompute(
-                w["instruction"], w["image"], w["proprio"], w["timestep"], actions=w["actions"], committed=held
-            )
+            out = self.model.recompute(w["instruction"], w["image"], w["proprio"], w["timestep"], committed=held)
         self._history[-1][3] = out.tokens
         return out.logits[0].float().cpu().numpy()  # (chunk*A, bins)
 

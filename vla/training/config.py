@@ -9,7 +9,7 @@ reads them from the dataset into a `DataSpec` saved with the checkpoint.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
-from typing import Literal
+from typing import ClassVar
 
 from vla.config import apply_overrides, from_dict, load_yaml
 from vla.model import ModelConfig
@@ -34,7 +34,6 @@ class DataConfig:
     # (envs/language.py's training grammar; tabletop data only); > 0 also drops function words and injects
     # made-up words, and adds the grammar's words to the vocabulary. 0 = off: every demo's own instruction.
     instruction_augment: float = 0.8
-    action_mode: Literal["uniform", "quantile", "mulaw"] = "uniform"  # action bin placement
     # Privileged targets, used when the file has them (a notice says when it does not): our collector
     # records them; real robot data has none, and the policy then trains without these losses.
     aux_key: str = "object"  # obs/<key>: object positions for an auxiliary localization loss ("" = off)
@@ -45,6 +44,8 @@ class DataConfig:
     gripper_dim: int = -1  # the action dimension that commands the gripper (closed above its range's middle)
     waypoint_dims: list[int] = field(default_factory=lambda: [0, 1, 2])  # proprio dims placing the hand; [] = all
     action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
+    # removed: bin placement other than uniform (quantile, mu-law) was never used nor measured by a preset
+    RETIRED: ClassVar[dict[str, object]] = {"action_mode": "uniform"}
 
     def __post_init__(self):
         self.train_split, self.valid_split = self.train_split or "", self.valid_split or ""  # `split=` parses as None
@@ -71,15 +72,13 @@ class OptimConfig:
     grad_clip: float = 1.0  # max global gradient norm (0 = off)
     aux_weight: float = 0.5  # weight of the auxiliary loss (when the data has aux targets)
     keypoint_weight: float = 1.0  # weight of the keypoint heat-map loss (when the data has keypoint targets)
-    # Checkpoints hold an exponential moving average of the weights with this decay (vla/training/weight_average.py);
-    # 0 = the optimizer's last iterate.
-    ema_decay: float = 0.0
+    # removed (an old checkpoint's value still loads; see vla.config._retired): a weight average, level on the demo
+    RETIRED: ClassVar[dict[str, object]] = {"ema_decay": 0.0}
 
     def __post_init__(self):
-        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2 or not 0 <= self.ema_decay < 1:
+        if self.lr <= 0 or not 0 <= self.min_lr_ratio <= 1 or len(self.betas) != 2:
             raise ValueError(
-                f"bad optimizer settings: lr={self.lr}, min_lr_ratio={self.min_lr_ratio}, betas={self.betas}, "
-                f"ema_decay={self.ema_decay} (in [0, 1))"
+                f"bad optimizer settings: lr={self.lr}, min_lr_ratio={self.min_lr_ratio}, betas={self.betas}"
             )
 
 
@@ -94,9 +93,9 @@ class LoopConfig:
     log_every: int = 25  # steps between progress/metrics lines
     checkpoint_every: int = 500  # steps between checkpoints (always at the end too)
     keep_every: int = 0  # also keep every N-th step's checkpoint (a learning curve to evaluate); 0 = latest + best
-    skip_nonfinite: bool = False  # skip (and count) batches with a non-finite loss/grad instead of stopping
-    stop_at: int = 0  # stop after this step as if interrupted (checkpoint first); 0 = run to the end
     delay_aware_max: int = 0  # train with 0..N committed chunk rows (vla/training/delay_prefix.py); 0 = off
+    # removed: a non-finite loss always stops the run; tests interrupt a run with a smaller `steps`
+    RETIRED: ClassVar[dict[str, object]] = {"skip_nonfinite": False, "stop_at": None}
 
     def __post_init__(self):
         if self.steps < 1 or self.batch_size < 1:
@@ -105,10 +104,10 @@ class LoopConfig:
             )
         if self.delay_aware_max < 0:
             raise ValueError(f"train.delay_aware_max={self.delay_aware_max} must be >= 0")
-        if self.log_every < 1 or self.checkpoint_every < 1 or self.stop_at < 0 or self.keep_every < 0:
+        if self.log_every < 1 or self.checkpoint_every < 1 or self.keep_every < 0:
             raise ValueError(
                 f"log_every={self.log_every} and checkpoint_every={self.checkpoint_every} must be >= 1, "
-                f"stop_at={self.stop_at} and keep_every={self.keep_every} >= 0"
+                f"keep_every={self.keep_every} >= 0"
             )
 
 
@@ -142,6 +141,12 @@ class TrainConfig:
             raise ValueError(
                 f"data.keypoint_key={self.data.keypoint_key!r} needs model.keypoints > 0 (got 0); "
                 "set data.keypoint_key='' to train without keypoint targets"
+            )
+        if (self.data.aux_key or self.data.waypoint_targets) and not self.model.keypoints:
+            raise ValueError(
+                f"data.aux_key={self.data.aux_key!r} / data.waypoint_targets={self.data.waypoint_targets} need "
+                "model.keypoints > 0 (the auxiliary head reads the keypoints); set data.aux_key='' and "
+                "data.waypoint_targets=false to train without auxiliary targets"
             )
 
 

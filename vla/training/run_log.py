@@ -68,7 +68,7 @@ class RunLog:
         self.metrics.write(json.dumps({"step": step, **record}) + "\n")
         self.metrics.flush()
 
-    def train_step(self, step: int, outputs: dict, grad_norm: float, lr: float, skipped: int) -> None:
+    def train_step(self, step: int, outputs: dict, grad_norm: float, lr: float) -> None:
         elapsed = time.perf_counter() - self._t
         tok_s = self._n * self.tokens_per_step / max(elapsed, 1e-9)
         self._t, self._n = time.perf_counter(), 0
@@ -79,7 +79,6 @@ class RunLog:
             "lr": lr,
             "grad_norm": grad_norm,
             "tokens_per_s": tok_s,
-            "skipped_nonfinite": skipped,
             "train_s": self._offset + time.perf_counter() - self._start,
             **{f"accuracy/dim{i}": a for i, a in enumerate(outputs["accuracy"].tolist())},
         }

@@ -1,46 +1,46 @@
-"""Behaviour cloning, what `vla-train --config configs/demo.yaml --data data/demo.hdf5 --out runs/demo` runs.
+"""Behaviour cloning: `vla-train --config configs/demo.yaml --data data/demo.hdf5 --out runs/demo`.
 
 Reads top to bottom (`train`): set up the device and seeds, read the data (tokenizers fitted on the
 training split, or read back on resume), build the model and optimizer, then loop: batch -> loss on
 action tokens -> AdamW step; every side job (logging, validation, closed-loop evaluation,
 checkpointing) is a call with a name. `--resume` continues exactly where the last complete checkpoint
-left off, after any interruption (kill -9, Ctrl-C, `train.stop_at`).
+left off, after any interruption (kill -9, Ctrl-C).
 Distributed: `torchrun --nproc-per-node N -m vla.cli.train ...` (DDP; gloo on CPU, nccl on CUDA).
 """
 
 from __future__ import annotations
 
-import contextlib
 import dataclasses
 import hashlib
 import math
 import random
-import sys
 from dataclasses import dataclass
 from pathlib import Path
 
-import numpy as np
 import torch
 
 from vla.checkpoint import Checkpoint, save_checkpoint
-from vla.config import ConfigError, apply_overrides, from_dict, to_dict
-from vla.data.hdf5_format import DatasetError
-from vla.data.sources import open_source
-from vla.data.windows import EpochSampler, Tokenizers, WindowDataset, data_fingerprint, fit_tokenizers
+from vla.config import apply_overrides, from_dict, to_dict
 from vla.files import write_json
-from vla.model import ActionTransformer, DataSpec, ModelConfig
-from vla.model.vision_encoder import FOLDER as VISION_FOLDER
-from vla.policy.torch_policy import pick_device, torch_policy
+from vla.model import ActionTransformer, ModelConfig
+from vla.policy.torch_policy import pick_device
 from vla.training.augment import random_shift
-from vla.training.config import DataConfig, OptimConfig, TrainConfig
+from vla.training.config import OptimConfig, TrainConfig
 from vla.training.delay_prefix import commit_random_prefix
 from vla.training.distributed import Distributed
+from vla.training.run_data import (  # noqa: F401 - load_data, resolve_optional_keys: read by tests and scripts
+    TrainData,
+    batches,
+    load_data,
+    prepare_data,
+    resolve_optional_keys,
+)
 from vla.training.run_log import RunLog, SilentLog
-from vla.training.weight_average import WeightAverage
+from vla.training.validation import amp_context, side_jobs
 
 
 class NonFiniteError(RuntimeError):
-    pass
+    """A non-finite loss or gradient: the run stops, naming the step and the batch's demos."""
 
 
 def lr_at(step: int, cfg: OptimConfig, total: int) -> float:
@@ -62,117 +62,7 @@ def param_digest(model: torch.nn.Module) -> str:
 # ----------------------------------------------------------------------------------------- data
 
 
-def open_data(data: DataConfig, path: str):
-    """Any layout (ours, robomimic, LIBERO, LeRobot) through one key mapping, frames resized on read."""
-    return open_source(
-        path, layout=data.layout, image=data.image_key, proprio=data.proprio_keys, instruction=data.instruction,
-        actions=data.action_key, image_size=data.image_size, valid_fraction=data.valid_fraction,
-        wrist_image=data.wrist_image_key,
-    )  # fmt: skip
-
-
-def resolve_optional_keys(data: DataConfig, path: str) -> DataConfig:
-    """Turn off the privileged targets the data does not have (one notice each): our collector records
-    them, real robot data has none, and the same default config must train on both."""
-    source = open_data(dataclasses.replace(data, action_key="actions"), path)
-    names = source.names(data.train_split)
-    if not names:
-        raise DatasetError(f"{path}: split '{data.train_split}' is empty; nothing to train on")
-    changes = {}
-    if data.action_key == "expert_actions":
-        try:
-            open_data(data, path).read(names[0], images=False)
-        except DatasetError:
-            changes["action_key"] = "actions"
-    for field_name in ("aux_key", "keypoint_key"):
-        key = getattr(data, field_name)
-        if key and source.obs(names[0], key) is None:
-            changes[field_name] = ""
-    for field_name, value in changes.items():
-        print(f"vla-train: {path} has no '{getattr(data, field_name)}': data.{field_name}={value!r}", file=sys.stderr)
-    return dataclasses.replace(data, **changes)
-
-
-def registered_tasks() -> set[str]:
-    """The gymnasium ids closed-loop evaluation can run (robomimic, LIBERO, LeRobot data name others)."""
-    import envs
-
-    return set(envs.TASKS)
-
-
-@dataclass
-class TrainData:
-    tokenizers: Tokenizers
-    spec: DataSpec
-    train_set: WindowDataset
-    valid_set: WindowDataset | None
-    env_args: dict
-    tasks: list[str]
-    fingerprint: str
-
-
-def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> TrainData:
-    """Windows of the training (and validation) split, tokenized, and the sizes the data decides."""
-    source = open_data(cfg.data, path)
-    keys = source.keys
-    if tokenizers is None:
-        tokenizers = fit_tokenizers(
-            source, cfg.data.train_split, keys, cfg.model.action_bins, cfg.data.action_mode,
-            paraphrase_vocabulary=cfg.data.instruction_augment > 0, text_encoder=cfg.model.text_encoder,
-        )  # fmt: skip
-
-    def windows(split: str, instruction_augment: float = 0.0) -> WindowDataset:
-        return WindowDataset(
-            source, split, tokenizers, cfg.model.window, cfg.model.chunk, cfg.model.instruction_len, keys,
-            preload=cfg.data.preload, aux_key=cfg.data.aux_key, keypoint_key=cfg.data.keypoint_key,
-            instruction_augment=instruction_augment, seed=cfg.train.seed, waypoints=cfg.data.waypoint_targets,
-            gripper_dim=cfg.data.gripper_dim, waypoint_dims=cfg.data.waypoint_dims,
-        )  # fmt: skip
-
-    train_set = windows(cfg.data.train_split, cfg.data.instruction_augment)  # validation: the demos' own
-    valid_set = None
-    if cfg.data.valid_split and cfg.eval.valid_batches > 0:
-        try:
-            valid_set = windows(cfg.data.valid_split)
-        except DatasetError as e:  # no or an empty valid split: train without a validation loss
-            print(f"vla-train: no validation loss ({e})", file=sys.stderr)
-    sample = train_set[0]
-    side = sample["image"].shape[-2]
-    if side % cfg.model.patch_size:
-        raise ConfigError(
-            f"{path}: frames are {side}x{side}, not a multiple of model.patch_size={cfg.model.patch_size}; "
-            f"resize them with data.image_size={max(1, round(side / cfg.model.patch_size)) * cfg.model.patch_size}"
-        )
-    spec = DataSpec(
-        image_size=side,
-        n_cameras=sample["image"].shape[1],
-        proprio_dim=sample["proprio"].shape[-1],
-        action_dim=tokenizers.action.action_dim,
-        vocab_size=tokenizers.text.vocab_size,
-        aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
-        text_fingerprint=tokenizers.text_fingerprint,
-    )
-    fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
-    return TrainData(
-        tokenizers, spec, train_set, valid_set, source.env_args(), sorted(set(train_set.tasks)), fingerprint
-    )
-
-
-def batches(dataset, batch_size: int, seed: int, rank: int, world: int, start_step: int, workers: int, pin: bool):
-    """An endless, deterministic, rank-sharded stream of batches that resumes at `start_step`."""
-    sampler = EpochSampler(len(dataset), batch_size, seed, rank, world, start_step)
-    loader = torch.utils.data.DataLoader(
-        dataset, batch_size=batch_size, sampler=sampler, num_workers=workers,
-        persistent_workers=workers > 0, pin_memory=pin, drop_last=True,
-    )  # fmt: skip
-    return iter(loader)
-
-
 # ----------------------------------------------------------------------------------------- steps
-
-
-def amp_context(use_amp: bool):
-    return torch.autocast("cuda", dtype=torch.bfloat16) if use_amp else contextlib.nullcontext()
 
 
 def total_loss(out: dict, cfg: OptimConfig) -> torch.Tensor:
@@ -187,8 +77,8 @@ def total_loss(out: dict, cfg: OptimConfig) -> torch.Tensor:
 
 def train_step(model, wrapped, optimizer, batch: dict, cfg: TrainConfig, ddp: Distributed, use_amp: bool):
     """One optimizer step. Returns (model outputs, grad norm), or None when the loss or the gradients are
-    non-finite on any rank: the decision is collective and taken before backward, so every rank skips
-    (or stops) together instead of waiting in a gradient all-reduce the others never enter."""
+    non-finite on any rank: the decision is collective and taken before backward, so every rank stops
+    together instead of waiting in a gradient all-reduce the others never enter."""
     with amp_context(use_amp):
         out = wrapped(batch)
     loss = total_loss(out, cfg.optim)
@@ -202,35 +92,6 @@ def train_step(model, wrapped, optimizer, batch: dict, cfg: TrainConfig, ddp: Di
         return None
     optimizer.step()
     return out, float(grad_norm)
-
-
-@torch.no_grad()
-def validation_loss(model, valid_set, batch_size: int, n_batches: int, device, use_amp: bool) -> float:
-    """Mean action loss over the same first `n_batches` batches of the validation split every time (so
-    the figure is comparable across steps, and a resumed run computes what an uninterrupted one does)."""
-    model.eval()
-    losses = []
-    valid_iter = batches(valid_set, batch_size, 0, 0, 1, 0, 0, False)
-    for _ in range(n_batches):
-        batch = {k: v.to(device) for k, v in next(valid_iter).items() if k != "demo"}
-        with amp_context(use_amp):
-            losses.append(model(batch)["loss"].item())
-    model.train()
-    return float(np.mean(losses))
-
-
-def closed_loop_success(model, data: TrainData, meta: dict, cfg: TrainConfig, out: Path, step: int) -> dict:
-    """Roll the current policy out in the training tasks' environments (fresh seeds)."""
-    from vla.evaluation.evaluate import evaluate
-
-    model.eval()
-    video_dir = (out / "videos" / f"step{step:07d}") if cfg.eval.videos > 0 else None
-    result = evaluate(
-        torch_policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
-        video_dir=video_dir, videos_per_task=cfg.eval.videos, progress=False,
-    )  # fmt: skip
-    model.train()
-    return result
 
 
 def rng_state() -> dict:
@@ -278,14 +139,13 @@ class Progress:
     """What the loop carries from step to step and across a resume (besides weights and optimizer)."""
 
     best: dict  # {"score", "step"} of the best checkpoint so far
-    skipped_nonfinite: int = 0
     last_loss: float = math.nan  # action loss at the last logged step
 
     @classmethod
     def from_state(cls, state: dict | None) -> Progress:
         if not state:
             return cls(best={"score": -math.inf, "step": -1})
-        return cls(state["best"], int(state["skipped_nonfinite"]), float(state["last_loss"]))
+        return cls(state["best"], float(state["last_loss"]))
 
 
 def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
@@ -295,31 +155,6 @@ def run_meta(cfg: TrainConfig, data: TrainData, data_path: str) -> dict:
         "tokenizers": data.tokenizers.to_dict(), "config": to_dict(cfg), "data": str(data_path),
         "env_args": data.env_args, "tasks": data.tasks,
     }  # fmt: skip
-
-
-def prepare_data(cfg: TrainConfig, data_path: str, resume: Checkpoint | None, state: dict | None):
-    """The data (with a resumed or initializing run's tokenizers) and the config completed by what the data
-    decides; a resume on another dataset is refused."""
-    vision_fingerprint = ""
-    if cfg.model.vision_encoder:  # checked before the data is read; a resumed or initializing run's must match
-        recorded = resume.meta["data_spec"].get("vision_fingerprint") if resume else None
-        folder, vision_fingerprint = VISION_FOLDER.checked(cfg.model.vision_encoder, recorded)
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, vision_encoder=str(folder)))  # absolute
-    if not state:
-        cfg = dataclasses.replace(cfg, data=resolve_optional_keys(cfg.data, data_path))
-    data = load_data(cfg, data_path, Tokenizers.from_dict(resume.meta["tokenizers"]) if resume else None)
-    data = dataclasses.replace(data, spec=dataclasses.replace(data.spec, vision_fingerprint=vision_fingerprint))
-    if cfg.model.text_encoder:  # recorded as an absolute path, so the checkpoint loads from any directory
-        cfg = dataclasses.replace(cfg, model=dataclasses.replace(cfg.model, text_encoder=data.tokenizers.text.path))
-    if cfg.eval.episodes > 0 and not set(data.tasks) <= registered_tasks():
-        print(f"vla-train: no closed-loop evaluation: tasks {data.tasks[:3]} are not registered envs", file=sys.stderr)
-        cfg = dataclasses.replace(cfg, eval=dataclasses.replace(cfg.eval, episodes=0))
-    if state and state["data_fingerprint"] != data.fingerprint:
-        raise ConfigError(
-            f"--data {data_path} is not the dataset this run started on ({resume.meta['data']}; "
-            f"fingerprint {data.fingerprint} != {state['data_fingerprint']}); resume with that dataset"
-        )
-    return cfg, data
 
 
 def train(
@@ -335,10 +170,8 @@ def train(
     torch.manual_seed(cfg.train.seed * 1_000_003 + ddp.rank)  # dropout: each rank its own masks
     if init:
         init.load_into(model, device)
-    average = WeightAverage(model, cfg.optim.ema_decay)
     if state:
         resume.load_into(model, device)
-        average.resume(model, state)
         optimizer.load_state_dict(state["optimizer"])
         scheduler.load_state_dict(state["scheduler"])
         restore_rng(state)
@@ -359,14 +192,12 @@ def train(
         train_state = {
             "step": step, "optimizer": optimizer.state_dict(), "scheduler": scheduler.state_dict(),
             "data_fingerprint": data.fingerprint, **dataclasses.asdict(progress), **rng_state(),
-            **average.resume_state(model),
         }  # fmt: skip
         if ddp.main:
-            with average.applied(model):
-                save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
+            save_checkpoint(out, step, model, meta, train_state, best=is_best, keep=keep)
 
     model.train()
-    stop = min(cfg.train.stop_at or cfg.train.steps, cfg.train.steps)
+    stop = cfg.train.steps
     for step in range(start + 1, stop + 1):
         batch = next(train_iter)
         demos = batch.pop("demo")
@@ -376,30 +207,22 @@ def train(
             batch = commit_random_prefix(batch, cfg.train.delay_aware_max, cfg.model.chunk, gen)
         result = train_step(model, wrapped, optimizer, {k: v.to(device) for k, v in batch.items()}, cfg, ddp, use_amp)
         scheduler.step()
-        average.update(model)
         if result is None:
             names = sorted({data.train_set.names[int(d)] for d in demos})
-            where = f"step {step}: non-finite loss or gradients (batch demos: {', '.join(names[:8])})"
-            if not cfg.train.skip_nonfinite:
-                raise NonFiniteError(where)
-            progress.skipped_nonfinite += 1
-            log.write(f"{where}; skipped ({progress.skipped_nonfinite} so far)")
-        elif step % cfg.train.log_every == 0 or step == stop:  # host syncs only here
+            raise NonFiniteError(f"step {step}: non-finite loss or gradients (batch demos: {', '.join(names[:8])})")
+        if step % cfg.train.log_every == 0 or step == stop:  # host syncs only here
             progress.last_loss = result[0]["loss"].item()
-            if step % cfg.train.log_every == 0 or step == cfg.train.steps:
-                log.train_step(step, result[0], result[1], scheduler.get_last_lr()[0], progress.skipped_nonfinite)
+            log.train_step(step, result[0], result[1], scheduler.get_last_lr()[0])
         log.tick()
         evaluate_now = cfg.eval.episodes > 0 and ((cfg.eval.every and step % cfg.eval.every == 0) or step == stop)
         kept = cfg.train.keep_every > 0 and step % cfg.train.keep_every == 0
         if evaluate_now or step == stop or step % cfg.train.checkpoint_every == 0 or kept:
-            with average.applied(model):  # evaluate what the checkpoint will hold
-                score = side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp)
+            score = side_jobs(model, data, meta, cfg, out, step, evaluate_now, log, device, use_amp)
             checkpoint(step, score, kept)
 
     final = max(start, stop)
     summary = {
-        "step": final, "finished": final >= cfg.train.steps, "final_loss": progress.last_loss,
-        "skipped_nonfinite": progress.skipped_nonfinite, "world_size": ddp.world,
+        "step": final, "finished": final >= cfg.train.steps, "final_loss": progress.last_loss, "world_size": ddp.world,
         "rank_weight_digests": ddp.gather(param_digest(model)), "best": progress.best,
     }  # fmt: skip
     if ddp.main:
@@ -410,11 +233,8 @@ def train(
 
 
 def saved_config(ckpt: Checkpoint, overrides: list[str]) -> TrainConfig:
-    """The config a checkpoint was trained with, then `overrides`; a stop_at ends one invocation, so it is not
-    carried over."""
-    saved = from_dict(TrainConfig, ckpt.meta["config"])
-    saved.train.stop_at = 0
-    return apply_overrides(saved, overrides)
+    """The config a checkpoint was trained with, then `overrides`."""
+    return apply_overrides(from_dict(TrainConfig, ckpt.meta["config"]), overrides)
 
 
 def with_model_of(cfg: TrainConfig, init: Checkpoint) -> TrainConfig:
@@ -423,20 +243,3 @@ def with_model_of(cfg: TrainConfig, init: Checkpoint) -> TrainConfig:
     model, default = to_dict(from_dict(ModelConfig, init.meta["model"], "model")), to_dict(ModelConfig())
     model.update({k: v for k, v in to_dict(cfg.model).items() if v != default[k]})
     return dataclasses.replace(cfg, model=from_dict(ModelConfig, model, "model"))
-
-
-def side_jobs(model, data, meta, cfg: TrainConfig, out: Path, step: int, evaluate_now: bool, log, device, use_amp):
-    """Closed-loop evaluation and validation loss before a checkpoint (rank 0); returns the checkpoint's
-    score: closed-loop success when evaluating, else minus the validation loss, or None."""
-    if not log.enabled:
-        return None
-    score = None
-    if evaluate_now:
-        result = closed_loop_success(model, data, meta, cfg, out, step)
-        log.closed_loop(step, result)
-        score = result["overall"]["success_rate"]
-    if data.valid_set is not None:
-        vloss = validation_loss(model, data.valid_set, cfg.train.batch_size, cfg.eval.valid_batches, device, use_amp)
-        log.scalars(step, {"valid/loss": vloss})
-        score = -vloss if cfg.eval.episodes <= 0 else score
-    return score
