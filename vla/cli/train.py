@@ -79,7 +79,7 @@ def _run(args) -> int:
     except NonFiniteError as e:  # the run's own check on its loss: it stopped rather than train on garbage
         return cli.failed_check(PROG, f"error: {e}")
     if int(os.environ.get("RANK", "0")) == 0:
-        print(json.dumps({k: summary[k] for k in ("step", "final_loss", "skipped_nonfinite", "world_size")}))
+        print(json.dumps({k: summary[k] for k in ("step", "final_loss", "world_size")}))
     return cli.OK
 
 
