@@ -89,10 +89,8 @@ def test_empty_split_override_means_all():
 
 
 def _train(data, out, *extra):
-    """robomimic's obs/object is its own object state, not our positions: no auxiliary loss from it."""
     return run_main("vla.cli.train", "--config", "configs/tiny.yaml", "--data", data, "--out", out,
-                    "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", "data.aux_key=",
-                    *extra)  # fmt: skip
+                    "train.steps=4", "train.log_every=2", "train.checkpoint_every=4", *extra)  # fmt: skip
 
 
 def test_robomimic_trains_with_one_command(robomimic, tmp_path):
@@ -100,6 +98,9 @@ def test_robomimic_trains_with_one_command(robomimic, tmp_path):
     assert r.returncode == 2 and "data.image_size=80" in r.stderr.strip().splitlines()[-1]
     r = _train(robomimic, tmp_path / "run", "data.image_size=64")
     assert r.returncode == 0, r.stderr[-2000:]
+    # robomimic's obs/object is its own object state (10 values), not our positions: the default config's
+    # auxiliary target turns itself off, as it does where the key is missing
+    assert "'object' is not object positions (3 values each): data.aux_key=''" in r.stderr
     meta = json.loads((tmp_path / "run" / "config.json").read_text())
     spec = meta["data_spec"]
     assert spec["image_size"] == 64 and spec["proprio_dim"] == 5 and spec["action_dim"] == 7

@@ -7,6 +7,7 @@ import dataclasses
 import sys
 from dataclasses import dataclass
 
+import numpy as np
 import torch
 
 from vla.checkpoint import Checkpoint
@@ -41,12 +42,18 @@ def resolve_optional_keys(data: DataConfig, path: str) -> DataConfig:
             open_data(data, path).read(names[0], images=False)
         except DatasetError:
             changes["action_key"] = "actions"
-    for field_name in ("aux_key", "keypoint_key"):
+    why = {}
+    for field_name, per_object in (("aux_key", 3), ("keypoint_key", 2)):
         key = getattr(data, field_name)
-        if key and source.obs(names[0], key) is None:
-            changes[field_name] = ""
+        values = source.obs(names[0], key) if key else None
+        if key and values is None:
+            changes[field_name], why[field_name] = "", f"has no '{key}'"
+        elif key and np.asarray(values).reshape(len(values), -1).shape[1] % per_object:
+            # another layout's obs/<key> (robomimic's obs/object is its own object state), not our targets
+            changes[field_name], why[field_name] = "", f"'{key}' is not object positions ({per_object} values each)"
     for field_name, value in changes.items():
-        print(f"vla-train: {path} has no '{getattr(data, field_name)}': data.{field_name}={value!r}", file=sys.stderr)
+        reason = why.get(field_name, f"has no '{getattr(data, field_name)}'")
+        print(f"vla-train: {path} {reason}: data.{field_name}={value!r}", file=sys.stderr)
     return dataclasses.replace(data, **changes)
 
 
