@@ -21,7 +21,7 @@ from safetensors.torch import load_file
 
 import envs  # noqa: F401 - registers the tasks
 from tests.conftest import run_main
-from vla.checkpoint import load_meta
+from vla.checkpoint import load_checkpoint
 from vla.cli.train import main as train_main
 from vla.config import ConfigError
 from vla.data.sources import open_source
@@ -115,7 +115,7 @@ def test_a_relative_encoder_path_is_recorded_absolute(tiny_dataset, encoder, tmp
     code = train_main(["--config", config, "--data", str(tiny_dataset), "--out", str(tmp_path / "r"),
                        "train.steps=2", f"model.text_encoder={encoder.name}"])  # fmt: skip
     assert code == 0
-    meta = load_meta(tmp_path / "r")
+    meta = load_checkpoint(tmp_path / "r").meta
     assert meta["model"]["text_encoder"] == meta["tokenizers"]["text"]["path"] == str(encoder.resolve())
     monkeypatch.chdir(tmp_path)
     load_policy(tmp_path / "r", device="cpu")  # from another directory
@@ -182,7 +182,7 @@ def test_training_keeps_the_encoder_frozen_and_encodes_each_instruction_once(tin
 
 
 def test_a_run_with_an_encoder_records_it_saves_none_of_it_and_its_policy_acts(run, encoder):
-    meta = load_meta(run)
+    meta = load_checkpoint(run).meta
     digest = fingerprint(encoder)
     assert meta["model"]["text_encoder"] == str(encoder.resolve())
     assert meta["data_spec"]["text_fingerprint"] == digest
@@ -256,7 +256,7 @@ def test_loading_against_a_changed_encoder_is_refused_in_one_line(run, encoder, 
 
 def test_loading_with_the_encoder_folder_missing_is_refused_in_one_line_or_found_where_it_moved(run, encoder):
     moved = encoder.with_name("elsewhere")
-    recorded = load_meta(run)["data_spec"]["text_fingerprint"]
+    recorded = load_checkpoint(run).meta["data_spec"]["text_fingerprint"]
     os.replace(encoder, moved)
     try:
         with pytest.raises(TextEncoderError, match="folder is missing") as e:
@@ -278,8 +278,8 @@ def test_resume_with_an_encoder_continues_the_run(run, tmp_path):
     resumed = tmp_path / "resumed"
     shutil.copytree(run, resumed, symlinks=True)
     assert train_main(["--out", str(resumed), "--resume", "train.steps=14"]) == 0
-    meta = load_meta(resumed)
-    assert meta["step"] == 14 and meta["tokenizers"]["text"] == load_meta(run)["tokenizers"]["text"]
+    meta = load_checkpoint(resumed).meta
+    assert meta["step"] == 14 and meta["tokenizers"]["text"] == load_checkpoint(run).meta["tokenizers"]["text"]
     assert json.loads((resumed / "summary.json").read_text())["finished"]
 
 

@@ -12,7 +12,7 @@ import pytest
 import torch
 
 import envs  # noqa: F401 - registers the tasks
-from vla.checkpoint import load_checkpoint, load_meta
+from vla.checkpoint import load_checkpoint
 from vla.cli.train import main as train_main
 from vla.policy.load import load_policy
 from vla.training import train as train_module
@@ -42,9 +42,11 @@ def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     kept = {d.name for d in (out / "checkpoints").iterdir()}  # what `latest` and `best` point to, and keep_every's
     pointed = {(out / "latest").resolve().name, (out / "best").resolve().name}
     assert kept == pointed | {"step_0000060", "step_0000120"} and "step_0000160" in kept
-    assert load_meta(out / "checkpoints" / "step_0000060")["step"] == 60  # a curve point loads as a checkpoint
+    assert (
+        load_checkpoint(out / "checkpoints" / "step_0000060").meta["step"] == 60
+    )  # a curve point loads as a checkpoint
     assert list((out / "tb").glob("events.out.tfevents.*"))
-    meta = load_meta(out)
+    meta = load_checkpoint(out).meta
     assert meta["step"] == 160 and set(meta["tokenizers"]) == {"text", "action", "proprio"}
     assert meta["tasks"] and all(t.startswith("tabletop/") for t in meta["tasks"])
     assert any("valid/loss" in m for m in metrics(out))
@@ -70,7 +72,7 @@ def test_resume_is_exact(tiny_dataset, tmp_path, monkeypatch):
     with monkeypatch.context() as m:
         interrupt_after(m, 12)
         assert train(tiny_dataset, split, *common) == 130  # interrupted in step 13
-    assert load_meta(split)["step"] == 10  # the last complete checkpoint
+    assert load_checkpoint(split).meta["step"] == 10  # the last complete checkpoint
     assert train_main(["--out", str(split), "--resume"]) == 0
     a = [(m["step"], m["loss"]) for m in metrics(whole) if "loss" in m]
     b = [(m["step"], m["loss"]) for m in metrics(split) if "loss" in m]
@@ -104,7 +106,7 @@ def test_a_crash_while_writing_a_checkpoint_resumes_from_the_last_complete_one(t
     monkeypatch.setattr("vla.checkpoint.torch.save", dies_at_step_15)
     assert train(tiny_dataset, crashed, *args) == 130
     monkeypatch.setattr("vla.checkpoint.torch.save", real_save)
-    assert load_meta(crashed)["step"] == 10
+    assert load_checkpoint(crashed).meta["step"] == 10
     assert train_main(["--out", str(crashed), "--resume"]) == 0
     final = [json.loads((d / "summary.json").read_text())["final_loss"] for d in (whole, crashed)]
     assert final[0] == final[1]
@@ -144,7 +146,7 @@ def test_init_starts_from_the_weights_and_tokenizers_on_other_data(tiny_dataset,
     out = tmp_path / "ft"  # a learning rate too small to move anything: the weights must be the checkpoint's
     assert train_main(["--init", str(tiny_checkpoint), "--data", str(other), "--out", str(out), "train.steps=2",
                        "optim.lr=1e-12", "optim.weight_decay=0", "eval.episodes=0"]) == 0  # fmt: skip
-    start, tuned = load_meta(tiny_checkpoint), load_meta(out)
+    start, tuned = load_checkpoint(tiny_checkpoint).meta, load_checkpoint(out).meta
     assert tuned["step"] == 2 and tuned["tokenizers"] == start["tokenizers"] and tuned["model"] == start["model"]
     assert tuned["data"] == str(other) and tuned["init"] == str(load_checkpoint(tiny_checkpoint).path)
     a = load_policy(tiny_checkpoint, device="cpu").model.state_dict()
@@ -299,7 +301,7 @@ def test_a_wrist_camera_is_collected_trained_on_and_evaluated_with(tmp_path):
     assert collect_main(argv) == 0
     assert train(data, out, "train.steps=2", "eval.episodes=0", "data.wrist_image_key=wrist_image",
                  "data.valid_split=") == 0  # fmt: skip
-    assert load_meta(out)["data_spec"]["n_cameras"] == 2
+    assert load_checkpoint(out).meta["data_spec"]["n_cameras"] == 2
     lazy = tmp_path / "lazy"  # frames read per window instead of preloaded: the same batches, the same weights
     assert train(data, lazy, "train.steps=2", "eval.episodes=0", "data.wrist_image_key=wrist_image",
                  "data.valid_split=", "data.preload=false") == 0  # fmt: skip
@@ -309,4 +311,4 @@ def test_a_wrist_camera_is_collected_trained_on_and_evaluated_with(tmp_path):
     result = evaluate(policy, ["tabletop/Reach-v0"], 1, seed=5, progress=False)  # a one-camera env would fail
     assert result["tasks"]["tabletop/Reach-v0"]["episodes"] == 1
     assert train(data, tmp_path / "front", "train.steps=2", "eval.episodes=0", "data.valid_split=") == 0
-    assert load_meta(tmp_path / "front")["data_spec"]["n_cameras"] == 1  # the wrist camera only when asked
+    assert load_checkpoint(tmp_path / "front").meta["data_spec"]["n_cameras"] == 1  # the wrist camera only when asked

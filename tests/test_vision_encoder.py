@@ -22,7 +22,7 @@ import envs  # noqa: F401 - registers the tasks
 from tests.conftest import run_main
 from tests.test_model import dims, make_batch, make_model, stream_vs_recompute
 from tests.test_text_encoder import restorable
-from vla.checkpoint import load_meta
+from vla.checkpoint import load_checkpoint
 from vla.cli.train import main as train_main
 from vla.config import ConfigError
 from vla.export.graphs import ExportError, check_exportable
@@ -236,7 +236,7 @@ def test_training_trains_the_encoder_only_when_fine_tuned(tiny_dataset, encoder,
 
 
 def test_a_frozen_run_records_the_encoder_saves_none_of_it_and_its_policy_acts(frozen_run, encoder):
-    meta = load_meta(frozen_run)
+    meta = load_checkpoint(frozen_run).meta
     assert meta["model"]["vision_encoder"] == str(encoder.resolve()) and not meta["model"]["vision_encoder_trainable"]
     assert meta["data_spec"]["vision_fingerprint"] == fingerprint(encoder)
     saved = load_file(str(frozen_run / "model.safetensors"))
@@ -254,7 +254,7 @@ def test_a_frozen_run_records_the_encoder_saves_none_of_it_and_its_policy_acts(f
 
 
 def test_a_fine_tuned_run_saves_the_trained_encoder_and_loads_it_back(trainable_run, encoder):
-    meta = load_meta(trainable_run)
+    meta = load_checkpoint(trainable_run).meta
     assert meta["model"]["vision_encoder_trainable"] and meta["data_spec"]["vision_fingerprint"] == fingerprint(encoder)
     saved = load_file(str(trainable_run / "model.safetensors"))
     tuned = {k[len(ENCODER) + 3 :]: v for k, v in saved.items() if k.startswith(ENCODER + "hf.")}
@@ -318,7 +318,7 @@ def test_loading_or_resuming_against_a_changed_encoder_is_refused_in_one_line(wh
 
 def test_a_moved_encoder_folder_is_refused_in_one_line_or_found_where_it_moved(frozen_run, encoder):
     moved = encoder.with_name("elsewhere")
-    recorded = load_meta(frozen_run)["data_spec"]["vision_fingerprint"]
+    recorded = load_checkpoint(frozen_run).meta["data_spec"]["vision_fingerprint"]
     os.replace(encoder, moved)
     try:
         with pytest.raises(VisionEncoderError, match="folder is missing") as e:
@@ -336,8 +336,8 @@ def test_resume_with_a_vision_encoder_continues_the_run(trainable_run, tmp_path)
     resumed = tmp_path / "resumed"
     shutil.copytree(trainable_run, resumed, symlinks=True)
     assert train_main(["--out", str(resumed), "--resume", "train.steps=8"]) == 0
-    meta = load_meta(resumed)
-    assert meta["step"] == 8 and meta["data_spec"] == load_meta(trainable_run)["data_spec"]
+    meta = load_checkpoint(resumed).meta
+    assert meta["step"] == 8 and meta["data_spec"] == load_checkpoint(trainable_run).meta["data_spec"]
     assert json.loads((resumed / "summary.json").read_text())["finished"]
 
 

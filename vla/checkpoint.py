@@ -141,7 +141,3 @@ def load_checkpoint(directory: str | os.PathLike) -> Checkpoint:
     if meta.get("version") != VERSION:
         raise CheckpointError(f"{config}: checkpoint format version {meta.get('version')}, this vla reads {VERSION}")
     return Checkpoint(path, meta)
-
-
-def load_meta(directory: str | os.PathLike) -> dict:
-    return load_checkpoint(directory).meta
