@@ -31,7 +31,11 @@ def metrics(out):
 
 def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     out = tmp_path / "run"
-    assert train(tiny_dataset, out, "train.steps=160", "train.log_every=10", "train.keep_every=60") == 0
+    # closed-loop evaluation during training as well (one episode a task at steps 80 and 160): the path
+    # `make demo` takes every 1600 steps
+    assert train(tiny_dataset, out, "train.steps=160", "train.log_every=10", "train.keep_every=60",
+                 "eval.every=80", "eval.episodes=1", "eval.videos=0") == 0  # fmt: skip
+    assert [m["step"] for m in metrics(out) if "eval/success_rate" in m] == [80, 160]
     losses = [m["loss"] for m in metrics(out) if "loss" in m]
     assert len(losses) == 16
     # Each logged loss is one batch's (+-0.2 here), so means: the last four against the first two, 0.665 with
@@ -42,9 +46,7 @@ def test_loss_falls_and_run_dir_is_complete(tiny_dataset, tmp_path):
     kept = {d.name for d in (out / "checkpoints").iterdir()}  # what `latest` and `best` point to, and keep_every's
     pointed = {(out / "latest").resolve().name, (out / "best").resolve().name}
     assert kept == pointed | {"step_0000060", "step_0000120"} and "step_0000160" in kept
-    assert (
-        load_checkpoint(out / "checkpoints" / "step_0000060").meta["step"] == 60
-    )  # a curve point loads as a checkpoint
+    assert load_checkpoint(out / "checkpoints" / "step_0000060").meta["step"] == 60  # a curve point loads
     assert list((out / "tb").glob("events.out.tfevents.*"))
     meta = load_checkpoint(out).meta
     assert meta["step"] == 160 and set(meta["tokenizers"]) == {"text", "action", "proprio"}

@@ -8,7 +8,7 @@ from pathlib import Path
 import numpy as np
 import torch
 
-from vla.policy.torch_policy import Policy
+from vla.policy.torch_policy import torch_policy
 from vla.training.config import TrainConfig
 from vla.training.run_data import TrainData, batches
 
@@ -39,7 +39,7 @@ def closed_loop_success(model, data: TrainData, meta: dict, cfg: TrainConfig, ou
     model.eval()
     video_dir = (out / "videos" / f"step{step:07d}") if cfg.eval.videos > 0 else None
     result = evaluate(
-        Policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
+        torch_policy(model, data.tokenizers, meta, cfg.policy), data.tasks, cfg.eval.episodes, cfg.eval.seed,
         video_dir=video_dir, videos_per_task=cfg.eval.videos, progress=False,
     )  # fmt: skip
     model.train()
