@@ -1,0 +1,152 @@
+#!/usr/bin/env bash
+# Meta-World MT50 on LeRobot's published protocol, beside SmolVLA and pi0 (`make metaworld-mt50`, issue 44):
+# experts -> demonstrations -> training -> evaluation -> the SmolVLA paper's table, into runs/metaworld_mt50/.
+# Every stage skips what an earlier run finished (collection and training resume with --resume), so the job
+# may be interrupted and re-run, in another session too. `bash scripts/metaworld_mt50.sh --help` prints this.
+#
+# The protocol (docs/metaworld_mt50.md): the 50 `metaworld-lerobot/<task>-v3` ids, the moved corner2 camera and
+# the state obs[:4] (hand xyz, gripper), LeRobot's task sentences, 500 steps, success at any step; 10 episodes
+# per task (500 in all, LeRobot's count) and 50 per task (our tighter figure), on seeds 100000+, which no
+# demonstration used (the collector's start at 0). Splits: easy 28, medium 11, hard 6, very hard 5; the
+# table's Average is the mean of the four splits, as the paper's.
+#
+# Sizes, and why:
+#   demonstrations  EPISODES_PER_TASK=50 per task (LeRobot's dataset has 50), successes of Meta-World's scripted
+#                   experts with DART noise 0.2 (the clean action is the label); 10% held out per task for the
+#                   validation loss, so 45 per task train (2250 in all, about 210k steps).
+#   image           IMAGE_SIZE=96: corner2 sits far from the table; a puck is 2-3 px at 64 and about 4 at 96
+#                   (5 at 128), and half the table's weight (hard + very hard) is pucks, nuts and pegs.
+#                   128 would cost 4x 64's pixels and about 10 GB of preloaded frames; 96 is 2.25x and about 6 GB.
+#   model/steps     configs/metaworld_mt50.yaml: MT10's 1.1M-parameter architecture, 9000 steps of 32 windows.
+#   rows            (1) no privileged information (the default): waypoint targets from proprio + gripper only;
+#                   (2) MT50_PRIVILEGED=1 adds a run with the simulator's training-time targets (object xyz and
+#                   image position; MT10's full recipe) in runs/metaworld_mt50/privileged/.
+#
+# Wall clock per stage, ESTIMATES (not measured; scaled from MT10's measured runs on this 2-core box,
+# docs/metaworld.md: collection ~100 env steps/s at 64 px with 2 workers, training 1.4-2.5 it/s at 64 px):
+#   1 experts, 10 + 50 seeds per task, physics only                         10-20 min
+#   2 collect 50 x 50 demonstrations at 96 px (~250k env steps)             45-90 min (2-3 h on a loaded box)
+#   3 train 9000 steps at ~0.9-1.25 it/s                                    2.0-2.8 h
+#   4 evaluate 10 per task (500 episodes; a failure runs 500 steps)         20-40 min
+#     ... and 40 more per task (2000 episodes)                              1.3-2.5 h
+#   5 (MT50_PRIVILEGED=1) train + evaluate row 2                            3.5-5.5 h more
+#   6 (CURVE_EPISODES>0) 10 per task on the step-4500 checkpoint            20-40 min
+#   7 report                                                                seconds
+#   default job (row 1, no curve): about 4.5-8 h; stage_times.txt records the real figures.
+#
+# Settings (environment variables): DATA, RUN, CONFIG, EPISODES_PER_TASK, IMAGE_SIZE, NOISE, TRAIN_STEPS (overrides
+# the config's train.steps), TIGHT_EPISODES (50: per task, the 10 of the protocol included; 10 or less skips the
+# 40 more), MT50_PRIVILEGED (0/1), CURVE_EPISODES (0 = no curve).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+export MUJOCO_GL="${MUJOCO_GL:-egl}"
+
+DATA="${DATA:-data/metaworld_mt50.hdf5}"
+RUN="${RUN:-runs/metaworld_mt50}"
+CONFIG="${CONFIG:-configs/metaworld_mt50.yaml}"
+EPISODES_PER_TASK="${EPISODES_PER_TASK:-50}"   # demonstrations per task (45 train + 5 valid)
+IMAGE_SIZE="${IMAGE_SIZE:-96}"                  # corner2 frames, pixels square
+NOISE="${NOISE:-0.2}"                           # DART: std of the noise on the expert's motion
+TRAIN_STEPS="${TRAIN_STEPS:-}"                  # empty: the config's train.steps
+TIGHT_EPISODES="${TIGHT_EPISODES:-50}"          # per task for the tighter figure (the first 10 are the protocol's)
+MT50_PRIVILEGED="${MT50_PRIVILEGED:-0}"         # 1: also row 2, the simulator's training-time targets
+CURVE_EPISODES="${CURVE_EPISODES:-0}"           # per task, for each checkpoint train.keep_every kept
+PROTOCOL_EPISODES=10                            # LeRobot's: 10 per task
+EVAL_SEED=100000
+MORE=$((TIGHT_EPISODES - PROTOCOL_EPISODES))
+PRIVILEGED_OVERRIDES=(data.aux_key=object data.keypoint_key=object_px data.waypoint_targets=false)
+STEPS_OVERRIDE=()
+if [ -n "$TRAIN_STEPS" ]; then STEPS_OVERRIDE=("train.steps=$TRAIN_STEPS"); fi
+mkdir -p "$RUN" "$(dirname "$DATA")"
+
+source scripts/stages.sh  # stage, timed
+
+if ! python -c "import metaworld" 2>/dev/null; then
+  echo "error: Meta-World is not installed; run: pip install -e '.[metaworld]' (make setup does)" >&2
+  exit 2
+fi
+
+measure_experts() {  # measure_experts FILE EPISODES: the scripted experts on the evaluation seeds
+  local out=$1 episodes=$2
+  if [ -f "$out" ]; then echo "already measured ($out)"; return; fi
+  python -m envs --tasks metaworld-lerobot/mt50 --episodes "$episodes" --seed "$EVAL_SEED" --physics-only \
+    --json "$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
+train_run() {  # train_run OUT [OVERRIDE...]: train, or resume, or skip a finished run
+  local out=$1; shift
+  if [ -f "$out/summary.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['finished'] else 1)" "$out/summary.json"; then
+    echo "already trained ($out/summary.json)"
+  elif [ -f "$out/latest/train_state.pt" ]; then
+    vla-train --data "$DATA" --out "$out" --resume "${STEPS_OVERRIDE[@]}"
+  else
+    vla-train --config "$CONFIG" --data "$DATA" --out "$out" "$@" "${STEPS_OVERRIDE[@]}"
+  fi
+}
+
+evaluate_run() {  # evaluate_run NAME OUT: the protocol's 10 per task, then the rest of TIGHT_EPISODES
+  local name=$1 out=$2
+  if [ -f "$out/eval.json" ]; then
+    echo "already evaluated ($out/eval.json)"
+  else
+    timed "${name}_eval10" vla-eval --checkpoint "$out" --episodes-per-task "$PROTOCOL_EPISODES" --seed "$EVAL_SEED" \
+      --workers 2 --experts "$RUN/experts.json" --json "$out/eval.json.tmp" --video "$out/videos"
+    mv "$out/eval.json.tmp" "$out/eval.json"
+  fi
+  if [ "$MORE" -le 0 ]; then return; fi
+  if [ -f "$out/eval_more.json" ]; then
+    echo "already evaluated ($out/eval_more.json)"
+  else  # the next seeds, so eval.json + eval_more.json are seeds 100000..100000+TIGHT_EPISODES-1
+    timed "${name}_eval_more" vla-eval --checkpoint "$out" --episodes-per-task "$MORE" \
+      --seed $((EVAL_SEED + PROTOCOL_EPISODES)) --workers 2 --json "$out/eval_more.json.tmp"
+    mv "$out/eval_more.json.tmp" "$out/eval_more.json"
+  fi
+}
+
+stage "1/7 scripted experts on the evaluation seeds: $PROTOCOL_EPISODES and $TIGHT_EPISODES per task"
+timed experts measure_experts "$RUN/experts.json" "$PROTOCOL_EPISODES"
+timed experts50 measure_experts "$RUN/experts50.json" "$TIGHT_EPISODES"
+
+stage "2/7 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
+resume=""
+if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
+timed collect vla-collect --tasks metaworld-lerobot/mt50 --episodes-per-task "$EPISODES_PER_TASK" --workers 2 \
+  --image-size "$IMAGE_SIZE" --out "$DATA" --seed 0 --noise "$NOISE" $resume
+vla-data validate "$DATA"
+printf '{"demos_per_task": %d, "noise": %s, "image_size": %d, "collect_seed": 0, "data": "%s"}\n' \
+  "$EPISODES_PER_TASK" "$NOISE" "$IMAGE_SIZE" "$DATA" > "$RUN/mt50_job.json"   # what the report's table names
+
+stage "3/7 train row 1, no privileged information ($CONFIG) into $RUN"
+timed train train_run "$RUN"
+
+stage "4/7 evaluate row 1: $PROTOCOL_EPISODES per task (the protocol), then up to $TIGHT_EPISODES per task"
+evaluate_run row1 "$RUN"
+
+stage "5/7 row 2, the simulator's training-time targets (MT50_PRIVILEGED=$MT50_PRIVILEGED)"
+if [ "$MT50_PRIVILEGED" = 1 ]; then
+  mkdir -p "$RUN/privileged"
+  timed train_privileged train_run "$RUN/privileged" "${PRIVILEGED_OVERRIDES[@]}"
+  evaluate_run row2 "$RUN/privileged"
+else
+  echo "skipped (MT50_PRIVILEGED=1 trains it: $CONFIG with ${PRIVILEGED_OVERRIDES[*]})"
+fi
+
+stage "6/7 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (CURVE_EPISODES>0)"
+mkdir -p "$RUN/curve"
+final=$(basename "$(readlink -f "$RUN/latest")")
+for kept in "$RUN"/checkpoints/step_*/KEEP; do
+  [ "$CURVE_EPISODES" -gt 0 ] && [ -e "$kept" ] || continue
+  ckpt=$(dirname "$kept"); name=$(basename "$ckpt")
+  if [ "$name" = "$final" ] || [ -f "$RUN/curve/$name.json" ]; then continue; fi
+  timed "curve_$name" vla-eval --checkpoint "$ckpt" --episodes-per-task "$CURVE_EPISODES" --seed "$EVAL_SEED" \
+    --workers 2 --json "$RUN/curve/$name.json.tmp"
+  mv "$RUN/curve/$name.json.tmp" "$RUN/curve/$name.json"
+done
+
+stage "7/7 report: the SmolVLA paper's MT50 table, our rows beside the published ones"
+python -m vla.cli.report "$RUN"
