@@ -70,22 +70,23 @@ if ! python -c "import metaworld" 2>/dev/null; then
   exit 2
 fi
 
-measure_experts() {  # measure_experts FILE EPISODES: the scripted experts on the evaluation seeds
-  local out=$1 episodes=$2
+# Each stage's skip check stays outside `timed`, so a re-run that skips it keeps its recorded time.
+measure_experts() {  # measure_experts NAME FILE EPISODES: the scripted experts on the evaluation seeds
+  local name=$1 out=$2 episodes=$3
   if [ -f "$out" ]; then echo "already measured ($out)"; return; fi
-  python -m envs --tasks metaworld-lerobot/mt50 --episodes "$episodes" --seed "$EVAL_SEED" --physics-only \
-    --json "$out.tmp"
+  timed "$name" python -m envs --tasks metaworld-lerobot/mt50 --episodes "$episodes" --seed "$EVAL_SEED" \
+    --physics-only --json "$out.tmp"
   mv "$out.tmp" "$out"
 }
 
-train_run() {  # train_run OUT [OVERRIDE...]: train, or resume, or skip a finished run
-  local out=$1; shift
+train_run() {  # train_run NAME OUT [OVERRIDE...]: train, or resume, or skip a finished run
+  local name=$1 out=$2; shift 2
   if [ -f "$out/summary.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['finished'] else 1)" "$out/summary.json"; then
     echo "already trained ($out/summary.json)"
-  elif [ -f "$out/latest/train_state.pt" ]; then
-    vla-train --data "$DATA" --out "$out" --resume "${STEPS_OVERRIDE[@]}"
+  elif [ -f "$out/latest/train_state.pt" ]; then  # the resumed part's time replaces the line (stages.sh)
+    timed "$name" vla-train --data "$DATA" --out "$out" --resume "${STEPS_OVERRIDE[@]}"
   else
-    vla-train --config "$CONFIG" --data "$DATA" --out "$out" "$@" "${STEPS_OVERRIDE[@]}"
+    timed "$name" vla-train --config "$CONFIG" --data "$DATA" --out "$out" "$@" "${STEPS_OVERRIDE[@]}"
   fi
 }
 
@@ -109,20 +110,24 @@ evaluate_run() {  # evaluate_run NAME OUT: the protocol's 10 per task, then the 
 }
 
 stage "1/7 scripted experts on the evaluation seeds: $PROTOCOL_EPISODES and $TIGHT_EPISODES per task"
-timed experts measure_experts "$RUN/experts.json" "$PROTOCOL_EPISODES"
-timed experts50 measure_experts "$RUN/experts50.json" "$TIGHT_EPISODES"
+measure_experts experts "$RUN/experts.json" "$PROTOCOL_EPISODES"
+measure_experts experts50 "$RUN/experts50.json" "$TIGHT_EPISODES"
 
 stage "2/7 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
-resume=""
-if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
-timed collect vla-collect --tasks metaworld-lerobot/mt50 --episodes-per-task "$EPISODES_PER_TASK" --workers 2 \
-  --image-size "$IMAGE_SIZE" --out "$DATA" --seed 0 --noise "$NOISE" $resume
-vla-data validate "$DATA"
-printf '{"demos_per_task": %d, "noise": %s, "image_size": %d, "collect_seed": 0, "data": "%s"}\n' \
-  "$EPISODES_PER_TASK" "$NOISE" "$IMAGE_SIZE" "$DATA" > "$RUN/mt50_job.json"   # what the report's table names
+if [ -f "$RUN/mt50_job.json" ] && [ -e "$DATA" ] && [ ! -e "$DATA.parts" ]; then
+  echo "already collected ($DATA; $RUN/mt50_job.json)"
+else
+  resume=""
+  if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
+  timed collect vla-collect --tasks metaworld-lerobot/mt50 --episodes-per-task "$EPISODES_PER_TASK" --workers 2 \
+    --image-size "$IMAGE_SIZE" --out "$DATA" --seed 0 --noise "$NOISE" $resume
+  vla-data validate "$DATA"
+  printf '{"demos_per_task": %d, "noise": %s, "image_size": %d, "collect_seed": 0, "data": "%s"}\n' \
+    "$EPISODES_PER_TASK" "$NOISE" "$IMAGE_SIZE" "$DATA" > "$RUN/mt50_job.json"   # what the report's table names
+fi
 
 stage "3/7 train row 1, no privileged information ($CONFIG) into $RUN"
-timed train train_run "$RUN"
+train_run train "$RUN"
 
 stage "4/7 evaluate row 1: $PROTOCOL_EPISODES per task (the protocol), then up to $TIGHT_EPISODES per task"
 evaluate_run row1 "$RUN"
@@ -130,7 +135,7 @@ evaluate_run row1 "$RUN"
 stage "5/7 row 2, the simulator's training-time targets (MT50_PRIVILEGED=$MT50_PRIVILEGED)"
 if [ "$MT50_PRIVILEGED" = 1 ]; then
   mkdir -p "$RUN/privileged"
-  timed train_privileged train_run "$RUN/privileged" "${PRIVILEGED_OVERRIDES[@]}"
+  train_run train_privileged "$RUN/privileged" "${PRIVILEGED_OVERRIDES[@]}"
   evaluate_run row2 "$RUN/privileged"
 else
   echo "skipped (MT50_PRIVILEGED=1 trains it: $CONFIG with ${PRIVILEGED_OVERRIDES[*]})"
