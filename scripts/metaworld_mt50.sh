@@ -22,17 +22,19 @@
 #                   (2) MT50_PRIVILEGED=1 adds a run with the simulator's training-time targets (object xyz and
 #                   image position; MT10's full recipe) in runs/metaworld_mt50/privileged/.
 #
-# Wall clock per stage, ESTIMATES (not measured; scaled from MT10's measured runs on this 2-core box,
-# docs/metaworld.md: collection ~100 env steps/s at 64 px with 2 workers, training 1.4-2.5 it/s at 64 px):
-#   1 experts, 10 + 50 seeds per task, physics only                         10-20 min
-#   2 collect 50 x 50 demonstrations at 96 px (~250k env steps)             45-90 min (2-3 h on a loaded box)
+# Wall clock per stage, ESTIMATES (not measured; scaled from MT10's runs on this 2-core box, docs/benchmarks.md:
+# collection 96 env steps/s at 64 px with 2 workers, training 1.9 it/s at 64 px, evaluation about 50 env steps/s
+# with 2 workers; here a failed episode runs all 500 steps, so evaluation time grows as success falls):
+#   1 experts, 10 + 50 seeds per task, physics only                         15-20 min
+#   2 collect 50 x 50 demonstrations at 96 px (~250k env steps)             50-90 min (2-3 h on a loaded box)
 #   3 train 9000 steps at ~0.9-1.25 it/s                                    2.0-2.8 h
-#   4 evaluate 10 per task (500 episodes; a failure runs 500 steps)         20-40 min
-#     ... and 40 more per task (2000 episodes)                              1.3-2.5 h
-#   5 (MT50_PRIVILEGED=1) train + evaluate row 2                            3.5-5.5 h more
-#   6 (CURVE_EPISODES>0) 10 per task on the step-4500 checkpoint            20-40 min
-#   7 report                                                                seconds
-#   default job (row 1, no curve): about 4.5-8 h; stage_times.txt records the real figures.
+#   4 evaluate 10 per task (500 episodes, 130-170k env steps at 40-50/s)    45-70 min, then the table
+#   5 (MT50_PRIVILEGED=1) train + evaluate row 2 on 10 per task             3-4 h more
+#   6 40 more per task (2000 episodes), per row, in 4 parts of 10           3-4.5 h (TIGHT_EPISODES=10 skips it)
+#   7 (CURVE_EPISODES>0) 10 per task on the step-4500 checkpoint            45-70 min
+#   8 report                                                                seconds
+#   Row 1 with the protocol's figure (stages 1-4): about 4-6 h; with the 50-per-task figure: about 7-10 h.
+#   stage_times.txt records the real figures.
 #
 # Settings (environment variables): DATA, RUN, CONFIG, EPISODES_PER_TASK, IMAGE_SIZE, NOISE, TRAIN_STEPS (overrides
 # the config's train.steps), TIGHT_EPISODES (50: per task, the 10 of the protocol included; 10 or less skips the
@@ -90,30 +92,33 @@ train_run() {  # train_run NAME OUT [OVERRIDE...]: train, or resume, or skip a f
   fi
 }
 
-evaluate_run() {  # evaluate_run NAME OUT: the protocol's 10 per task, then the rest of TIGHT_EPISODES
+evaluate_protocol() {  # evaluate_protocol NAME OUT: LeRobot's 10 episodes per task, the expert beside each task
   local name=$1 out=$2
-  if [ -f "$out/eval.json" ]; then
-    echo "already evaluated ($out/eval.json)"
-  else
-    timed "${name}_eval10" vla-eval --checkpoint "$out" --episodes-per-task "$PROTOCOL_EPISODES" --seed "$EVAL_SEED" \
-      --workers 2 --experts "$RUN/experts.json" --json "$out/eval.json.tmp" --video "$out/videos"
-    mv "$out/eval.json.tmp" "$out/eval.json"
-  fi
-  if [ "$MORE" -le 0 ]; then return; fi
-  if [ -f "$out/eval_more.json" ]; then
-    echo "already evaluated ($out/eval_more.json)"
-  else  # the next seeds, so eval.json + eval_more.json are seeds 100000..100000+TIGHT_EPISODES-1
-    timed "${name}_eval_more" vla-eval --checkpoint "$out" --episodes-per-task "$MORE" \
-      --seed $((EVAL_SEED + PROTOCOL_EPISODES)) --workers 2 --json "$out/eval_more.json.tmp"
-    mv "$out/eval_more.json.tmp" "$out/eval_more.json"
-  fi
+  if [ -f "$out/eval.json" ]; then echo "already evaluated ($out/eval.json)"; return; fi
+  timed "${name}_eval10" vla-eval --checkpoint "$out" --episodes-per-task "$PROTOCOL_EPISODES" --seed "$EVAL_SEED" \
+    --workers 2 --experts "$RUN/experts.json" --json "$out/eval.json.tmp" --video "$out/videos"
+  mv "$out/eval.json.tmp" "$out/eval.json"
 }
 
-stage "1/7 scripted experts on the evaluation seeds: $PROTOCOL_EPISODES and $TIGHT_EPISODES per task"
+evaluate_more() {  # evaluate_more NAME OUT: the next seeds, 10 per task per part (each part resumes on its own),
+  local name=$1 out=$2 start n part           # so eval.json + eval_more/*.json are TIGHT_EPISODES per task
+  if [ ! -f "$out/latest/config.json" ]; then return; fi   # (row 2 when it was not trained)
+  mkdir -p "$out/eval_more"
+  for ((start = EVAL_SEED + PROTOCOL_EPISODES; start < EVAL_SEED + TIGHT_EPISODES; start += PROTOCOL_EPISODES)); do
+    n=$((EVAL_SEED + TIGHT_EPISODES - start < PROTOCOL_EPISODES ? EVAL_SEED + TIGHT_EPISODES - start : PROTOCOL_EPISODES))
+    part="$out/eval_more/seeds_$start.json"
+    if [ -f "$part" ]; then echo "already evaluated ($part)"; continue; fi
+    timed "${name}_eval_$start" vla-eval --checkpoint "$out" --episodes-per-task "$n" --seed "$start" --workers 2 \
+      --json "$part.tmp"
+    mv "$part.tmp" "$part"
+  done
+}
+
+stage "1/8 scripted experts on the evaluation seeds: $PROTOCOL_EPISODES and $TIGHT_EPISODES per task"
 measure_experts experts "$RUN/experts.json" "$PROTOCOL_EPISODES"
 measure_experts experts50 "$RUN/experts50.json" "$TIGHT_EPISODES"
 
-stage "2/7 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
+stage "2/8 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
 if [ -f "$RUN/mt50_job.json" ] && [ -e "$DATA" ] && [ ! -e "$DATA.parts" ]; then
   echo "already collected ($DATA; $RUN/mt50_job.json)"
 else
@@ -126,22 +131,27 @@ else
     "$EPISODES_PER_TASK" "$NOISE" "$IMAGE_SIZE" "$DATA" > "$RUN/mt50_job.json"   # what the report's table names
 fi
 
-stage "3/7 train row 1, no privileged information ($CONFIG) into $RUN"
+stage "3/8 train row 1, no privileged information ($CONFIG) into $RUN"
 train_run train "$RUN"
 
-stage "4/7 evaluate row 1: $PROTOCOL_EPISODES per task (the protocol), then up to $TIGHT_EPISODES per task"
-evaluate_run row1 "$RUN"
+stage "4/8 evaluate row 1 on the published protocol: $PROTOCOL_EPISODES episodes per task"
+evaluate_protocol row1 "$RUN"
+python -m vla.cli.report "$RUN" | sed -n '/^## Meta-World MT50/,/^Settings that differ/p'   # the headline, early
 
-stage "5/7 row 2, the simulator's training-time targets (MT50_PRIVILEGED=$MT50_PRIVILEGED)"
+stage "5/8 row 2, the simulator's training-time targets (MT50_PRIVILEGED=$MT50_PRIVILEGED)"
 if [ "$MT50_PRIVILEGED" = 1 ]; then
   mkdir -p "$RUN/privileged"
   train_run train_privileged "$RUN/privileged" "${PRIVILEGED_OVERRIDES[@]}"
-  evaluate_run row2 "$RUN/privileged"
+  evaluate_protocol row2 "$RUN/privileged"
 else
   echo "skipped (MT50_PRIVILEGED=1 trains it: $CONFIG with ${PRIVILEGED_OVERRIDES[*]})"
 fi
 
-stage "6/7 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (CURVE_EPISODES>0)"
+stage "6/8 the tighter figure: $MORE more episodes per task (seeds from $((EVAL_SEED + PROTOCOL_EPISODES))), $TIGHT_EPISODES in all"
+evaluate_more row1 "$RUN"
+evaluate_more row2 "$RUN/privileged"   # when row 2 was trained
+
+stage "7/8 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (CURVE_EPISODES>0)"
 mkdir -p "$RUN/curve"
 final=$(basename "$(readlink -f "$RUN/latest")")
 for kept in "$RUN"/checkpoints/step_*/KEEP; do
@@ -153,5 +163,5 @@ for kept in "$RUN"/checkpoints/step_*/KEEP; do
   mv "$RUN/curve/$name.json.tmp" "$RUN/curve/$name.json"
 done
 
-stage "7/7 report: the SmolVLA paper's MT50 table, our rows beside the published ones"
+stage "8/8 report: the SmolVLA paper's MT50 table, our rows beside the published ones"
 python -m vla.cli.report "$RUN"

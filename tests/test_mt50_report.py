@@ -67,7 +67,9 @@ def checkpoint_files(run: Path, aux_key: str, waypoints: bool) -> None:
 @pytest.fixture
 def run(tmp_path):
     (tmp_path / "eval.json").write_text(json.dumps(eval_json(OURS)))
-    (tmp_path / "eval_more.json").write_text(json.dumps(eval_json(OURS, scale=4)))  # 40 more, the same rates
+    (tmp_path / "eval_more").mkdir()  # 40 more per task in two parts (10 and 30), at the same rates
+    (tmp_path / "eval_more" / "seeds_100010.json").write_text(json.dumps(eval_json(OURS, scale=1)))
+    (tmp_path / "eval_more" / "seeds_100020.json").write_text(json.dumps(eval_json(OURS, scale=3)))
     (tmp_path / "experts.json").write_text(json.dumps(experts_json(10, shelf_place_wins=7)))
     (tmp_path / "experts50.json").write_text(json.dumps(experts_json(50, shelf_place_wins=40)))
     (tmp_path / "mt50_job.json").write_text(json.dumps({"demos_per_task": 50, "noise": 0.2, "image_size": 96}))
@@ -141,7 +143,7 @@ def test_fifty_episode_figures_pool_the_two_evaluations_with_wilson_intervals(ru
     expert = next(ln for ln in lines if ln.startswith("| scripted expert, same seeds (2500 episodes)"))
     assert "| 96.0 [" in expert  # very hard: 4 tasks 50 of 50, shelf-place 40 of 50 -> 96.0
     privileged = next(ln for ln in lines if ln.startswith("| ours, privileged") and "episodes)" in ln)
-    assert "(500 episodes)" in privileged  # no eval_more.json there: its 10 per task, said so
+    assert "(500 episodes)" in privileged  # no eval_more/ there: its 10 per task, said so
 
 
 def test_a_partial_evaluation_says_what_it_covers():
@@ -154,7 +156,7 @@ def test_the_job_script_parses_and_prints_its_header():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     out = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, check=True, timeout=10).stdout
     for needle in ("make metaworld-mt50", "EPISODES_PER_TASK=50", "IMAGE_SIZE=96", "ESTIMATES", "MT50_PRIVILEGED=1",
-                   "1 experts", "2 collect", "3 train", "4 evaluate", "7 report"):  # fmt: skip
+                   "1 experts", "2 collect", "3 train", "4 evaluate", "6 40 more", "8 report"):  # fmt: skip
         assert needle in out, needle
     assert "set -euo" not in out and "metaworld-mt50: setup" in (ROOT / "Makefile").read_text()
 

@@ -6,7 +6,7 @@ rate); the Average is the mean of the four split scores, as the paper forms it (
 
 What `scripts/metaworld_mt50.sh` leaves in the run directory, and the row each file makes:
     eval.json                the policy, 10 episodes per task from seed 100000: the published protocol
-    eval_more.json           the policy, 40 more per task from seed 100010: with eval.json, 50 per task
+    eval_more/seeds_S.json   the policy, 10 more per task from seed S = 100010, 100020, ...: with eval.json, 50
     experts.json             the scripted experts on eval.json's seeds (`python -m envs --json`)
     experts50.json           ... on the 50 seeds
     privileged/              a second run (the simulator's training-time targets), with its own eval files
@@ -63,7 +63,7 @@ def expert_counts(ex: dict | None) -> Counts:
 
 
 def pooled(*parts: Counts) -> Counts:
-    """Per-task sums of several evaluations on disjoint seeds (eval.json + eval_more.json = 50 per task)."""
+    """Per-task sums of several evaluations on disjoint seeds (eval.json + eval_more/*.json = 50 per task)."""
     out: dict[str, list[int]] = {}
     for part in parts:
         for task, (k, n) in part.items():
@@ -201,7 +201,7 @@ def mt50_table(run: Path) -> str:
         "| policy | easy (28) | medium (11) | hard (6) | very hard (5) | average | mean over tasks |",
         "|---|---|---|---|---|---|---|",
     ]
-    rows = [(name, pooled(policy_counts(_load(d / "eval.json")), policy_counts(_load(d / "eval_more.json"))))
+    rows = [(name, pooled(*(policy_counts(_load(p)) for p in [d / "eval.json", *sorted(d.glob("eval_more/*.json"))])))
             for name, d in ours]  # fmt: skip
     rows.append(("scripted expert, same seeds", expert_counts(_load(run / "experts50.json"))))
     for name, counts in rows:
