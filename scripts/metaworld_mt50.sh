@@ -127,7 +127,7 @@ else
   timed collect vla-collect --tasks metaworld-lerobot/mt50 --episodes-per-task "$EPISODES_PER_TASK" --workers 2 \
     --image-size "$IMAGE_SIZE" --out "$DATA" --seed 0 --noise "$NOISE" $resume
   vla-data validate "$DATA"
-  printf '{"demos_per_task": %d, "noise": %s, "image_size": %d, "collect_seed": 0, "data": "%s"}\n' \
+  printf '{"demos_per_task": %d, "valid_fraction": 0.1, "noise": %s, "image_size": %d, "data": "%s"}\n' \
     "$EPISODES_PER_TASK" "$NOISE" "$IMAGE_SIZE" "$DATA" > "$RUN/mt50_job.json"   # what the report's table names
 fi
 

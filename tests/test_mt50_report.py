@@ -72,7 +72,7 @@ def run(tmp_path):
     (tmp_path / "eval_more" / "seeds_100020.json").write_text(json.dumps(eval_json(OURS, scale=3)))
     (tmp_path / "experts.json").write_text(json.dumps(experts_json(10, shelf_place_wins=7)))
     (tmp_path / "experts50.json").write_text(json.dumps(experts_json(50, shelf_place_wins=40)))
-    (tmp_path / "mt50_job.json").write_text(json.dumps({"demos_per_task": 50, "noise": 0.2, "image_size": 96}))
+    (tmp_path / "mt50_job.json").write_text(json.dumps({"demos_per_task": 50, "valid_fraction": 0.1, "noise": 0.2}))
     checkpoint_files(tmp_path, aux_key="", waypoints=True)
     solved = {split: [10] * len(ids) for split, ids in envs.MT50_SPLITS.items()}
     checkpoint_files(tmp_path / "privileged", aux_key="object", waypoints=False)
@@ -116,7 +116,8 @@ def test_average_is_the_mean_of_the_splits_not_of_the_tasks(run):
 def test_differences_in_setting_are_named(run):
     text = summary(run)
     line = next(ln for ln in text.splitlines() if ln.startswith("Settings that differ."))
-    needles = ("scripted-expert demonstrations (50 per task, DART noise 0.2", "1.1M parameters", "9000 steps",
+    needles = ("scripted-expert demonstrations (50 per task, 10% of them held out for the validation loss, DART",
+               "DART noise 0.2;", "1.1M parameters", "9000 steps",
                "from scratch (no pretraining)", "96x96", "10 episodes per task", "seeds 100000+",
                "lerobot/metaworld_mt50", "pretrained VLM", "robot-data pretraining", "480x480")  # fmt: skip
     for needle in needles:

@@ -142,6 +142,7 @@ def _run_setting(run: Path) -> dict:
         "steps": meta.get("config", {}).get("train", {}).get("steps"),
         "demos_per_task": job.get("demos_per_task"),
         "noise": job.get("noise"),
+        "valid_fraction": job.get("valid_fraction"),
     }
 
 
@@ -166,6 +167,8 @@ def differences(run: Path) -> str:
     size = f"{s['image_size']}x{s['image_size']}" if s["image_size"] else "our chosen size"
     params = f"{s['params'] / 1e6:.1f}M parameters" if s["params"] else "a small model"
     demos = f"{s['demos_per_task']} per task" if s["demos_per_task"] else "per task as collected"
+    if s["valid_fraction"]:
+        demos += f", {s['valid_fraction']:.0%} of them held out for the validation loss"
     noise = f", DART noise {s['noise']}" if s["noise"] else ""
     steps = f" for {s['steps']} steps" if s["steps"] else ""
     return (
