@@ -11,6 +11,7 @@ from pathlib import Path
 import pytest
 
 import envs
+from tests.conftest import run_main
 from vla.evaluation.evaluate import wilson_interval
 from vla.evaluation.mt50_table import PUBLISHED, SPLITS, split_scores
 from vla.evaluation.report import summary
@@ -101,6 +102,12 @@ def test_ten_episode_table_in_the_papers_layout(run):
     assert lines.index(ours) == lines.index(header) + 2
     # the per-task table of every run is still there, 50 rows of it
     assert sum(line.startswith("| metaworld-lerobot/") for line in lines) == 50
+
+
+def test_the_report_cli_prints_it(run):
+    result = run_main("vla.cli.report", run)
+    assert result.returncode == 0, result.stderr
+    assert "| SmolVLA-0.45B (published) | 82.5 | 41.8 | 45.0 | 60.0 | 57.3 |" in result.stdout
 
 
 def test_average_is_the_mean_of_the_splits_not_of_the_tasks(run):
