@@ -17,7 +17,7 @@
 #   image           IMAGE_SIZE=96: corner2 sits far from the table; a puck is 2-3 px at 64 and about 4 at 96
 #                   (5 at 128), and half the table's weight (hard + very hard) is pucks, nuts and pegs.
 #                   128 would cost 4x 64's pixels and about 10 GB of preloaded frames; 96 is 2.25x and about 6 GB.
-#   model/steps     configs/metaworld_mt50.yaml: MT10's 1.1M-parameter architecture, 9000 steps of 32 windows.
+#   model/steps     configs/metaworld_mt50.yaml: MT10's architecture (about 1.2M parameters), 9000 steps of 32.
 #   rows            (1) no privileged information (the default): waypoint targets from proprio + gripper only;
 #                   (2) MT50_PRIVILEGED=1 adds a run with the simulator's training-time targets (object xyz and
 #                   image position; MT10's full recipe) in runs/metaworld_mt50/privileged/.

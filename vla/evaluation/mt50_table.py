@@ -200,7 +200,8 @@ def mt50_table(run: Path) -> str:
         lines.append(f"| {name} | " + " | ".join(f"{splits[k]:.1f}" for k in SPLITS) + f" | {average:.1f} |")
     lines.append("\n" + differences(run))
     lines += [
-        "\nSuccess (%) [95% Wilson interval], 50 episodes per task (2500 in all), seeds 100000-100049:\n",
+        "\nSuccess (%) [95% Wilson interval; the average's at its effective sample size], 50 episodes per task "
+        "(2500 in all), seeds 100000-100049:\n",
         "| policy | easy (28) | medium (11) | hard (6) | very hard (5) | average | mean over tasks |",
         "|---|---|---|---|---|---|---|",
     ]
@@ -211,5 +212,5 @@ def mt50_table(run: Path) -> str:
         s = split_scores(counts)
         episodes = s["all"]["episodes"] if s["all"] else 0
         cells = [_cell(s[k], ci=True) for k in (*SPLITS, "average", "all")]
-        lines.append(f"| {name} ({episodes} episodes) | " + " | ".join(cells) + " |")
+        lines.append(f"| {name}, {episodes} episodes | " + " | ".join(cells) + " |")
     return "\n".join(lines)
