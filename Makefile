@@ -14,13 +14,14 @@ QUIET := { grep -v -e "^WARNING: Location" -e "^\s*$$" || true; }
 PIN_NOTE := { grep -v -e "dependency resolver does not currently" -e "requires mujoco==3.3.0" || true; }
 export MUJOCO_GL ?= egl
 
-.PHONY: setup demo test lint bench clean-demo help metaworld
+.PHONY: setup demo test lint bench clean-demo help metaworld metaworld-mt50
 help:
 	@echo "make demo   collect demos, train, evaluate and deploy the demo policy (CPU, ~30 min on 2 cores)"
 	@echo "make test   run the test suite (what CI runs)"
 	@echo "make lint   ruff check"
 	@echo "make bench  vla-bench: latency, train, data and collect figures side by side with peers"
 	@echo "make metaworld  Meta-World MT10: collect, train, evaluate into runs/metaworld/ (resumable)"
+	@echo "make metaworld-mt50  Meta-World MT50 on LeRobot's protocol, beside SmolVLA and pi0 (resumable, hours)"
 
 setup: $(STAMP)
 
@@ -62,6 +63,10 @@ bench: setup
 
 metaworld: setup
 	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/metaworld.sh
+
+# Settings and per-stage estimates: `bash scripts/metaworld_mt50.sh --help`.
+metaworld-mt50: setup
+	@PATH="$(CURDIR)/$(BIN):$$PATH" bash scripts/metaworld_mt50.sh
 
 clean-demo:
 	rm -rf runs/demo data/demo.hdf5

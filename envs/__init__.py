@@ -44,6 +44,13 @@ SUITES: dict[str, list[str]] = _metaworld.register()  # {} without Meta-World
 METAWORLD_TASKS: list[str] = SUITES.get(_metaworld.SUITE, [])  # MT10 (goal in the proprio)
 _EXTERNAL: list[str] = [t for ids in SUITES.values() for t in ids]  # ... and the pixels-only twins
 _EXTERNAL_PREFIXES = _metaworld.PREFIXES  # metaworld/, metaworld-pixels/, metaworld-lerobot/
+# LeRobot's MT50 difficulty splits as task ids, {"easy": [...28], "medium": [...11], "hard": [...6],
+# "very_hard": [...5]} (envs/metaworld_lerobot.py): constants, present without Meta-World too, so a report
+# can group a copied run's results anywhere.
+_MT50 = _metaworld.lerobot
+MT50_SPLITS: dict[str, list[str]] = {
+    split: [_MT50.PREFIX + t for t in tasks] for split, tasks in _MT50.DIFFICULTY_TO_TASKS.items()
+}
 
 
 def make_env(task: str, image_size: int = 64, wrist_camera: bool = False, **options) -> gym.Env:
@@ -106,8 +113,8 @@ def expand_tasks(spec: str) -> list[str]:
 
 __all__ = [
     # tasks and how to build them
-    "TASKS", "METAWORLD_TASKS", "SUITES", "CONTROL_HZ", "TabletopEnv", "make_env", "make_expert", "task_id",
-    "expand_tasks", "check_detour", "WORKSPACE_LOW", "WORKSPACE_HIGH",
+    "TASKS", "METAWORLD_TASKS", "SUITES", "MT50_SPLITS", "CONTROL_HZ", "TabletopEnv", "make_env", "make_expert",
+    "task_id", "expand_tasks", "check_detour", "WORKSPACE_LOW", "WORKSPACE_HIGH",
     # instructions: the tabletop grammar (envs/language.py)
     "PALETTE", "TASK_CLASSES", "instruction_for", "tabletop_task_name", "parse_instruction", "paraphrase",
     "augment_instruction", "HELD_OUT_GRAMMAR", "TRAIN_VOCABULARY",

@@ -16,7 +16,9 @@ PROG = "python -m vla.cli.report"
 
 def build_parser() -> cli.Parser:
     parser = cli.Parser(
-        prog=PROG, description="Summarize a run directory: success table, latency, stage times, curves."
+        prog=PROG,
+        description="Summarize a run directory: success table (MT50: the SmolVLA paper's layout), latency, stage "
+        "times, curves.",
     )
     parser.add_argument("run", help="run directory, e.g. runs/demo")
     return parser

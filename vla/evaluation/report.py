@@ -6,13 +6,16 @@ the deployment latency and each stage's wall-clock time, and draws the training 
 (`training_curves.png`) from `metrics.jsonl`. Reads whatever of these the directory holds:
 eval.json, experts.json, eval_swap_colour.json, eval_paraphrase.json, deploy.json, stage_times.txt,
 metrics.jsonl, and curve/step_*.json (vla-eval of the checkpoints `train.keep_every` kept: closed-loop
-success against training minutes, `success_curve.png`).
+success against training minutes, `success_curve.png`). A Meta-World MT50 run (`make metaworld-mt50`) also gets
+the SmolVLA paper's table, our rows beside the published ones (vla/evaluation/mt50_table.py).
 """
 
 from __future__ import annotations
 
 import json
 from pathlib import Path
+
+from vla.evaluation.mt50_table import is_mt50, mt50_table
 
 
 def _load(path: Path):
@@ -131,6 +134,8 @@ def summary(run: Path) -> str:
         if para and ev["overall"]["success_rate"] > 0:  # the issue's bar: at least 70% of the in-distribution rate
             ratio = para["overall"]["success_rate"] / ev["overall"]["success_rate"]
             lines.append(f"held-out paraphrases reach {ratio:.0%} of the in-distribution success")
+        if is_mt50(ev):
+            lines.append(mt50_table(run))
     dep = _load(run / "deploy.json")
     if dep:
         lat = dep["latency_ms"]

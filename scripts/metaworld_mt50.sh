@@ -1,0 +1,167 @@
+#!/usr/bin/env bash
+# Meta-World MT50 on LeRobot's published protocol, beside SmolVLA and pi0 (`make metaworld-mt50`, issue 44):
+# experts -> demonstrations -> training -> evaluation -> the SmolVLA paper's table, into runs/metaworld_mt50/.
+# Every stage skips what an earlier run finished (collection and training resume with --resume), so the job
+# may be interrupted and re-run, in another session too. `bash scripts/metaworld_mt50.sh --help` prints this.
+#
+# The protocol (docs/metaworld_mt50.md): the 50 `metaworld-lerobot/<task>-v3` ids, the moved corner2 camera and
+# the state obs[:4] (hand xyz, gripper), LeRobot's task sentences, 500 steps, success at any step; 10 episodes
+# per task (500 in all, LeRobot's count) and 50 per task (our tighter figure), on seeds 100000+, which no
+# demonstration used (the collector's start at 0). Splits: easy 28, medium 11, hard 6, very hard 5; the
+# table's Average is the mean of the four splits, as the paper's.
+#
+# Sizes, and why:
+#   demonstrations  EPISODES_PER_TASK=50 per task (LeRobot's dataset has 50), successes of Meta-World's scripted
+#                   experts with DART noise 0.2 (the clean action is the label); 10% held out per task for the
+#                   validation loss, so 45 per task train (2250 in all, about 210k steps).
+#   image           IMAGE_SIZE=96: corner2 sits far from the table; a puck is 2-3 px at 64 and about 4 at 96
+#                   (5 at 128), and half the table's weight (hard + very hard) is pucks, nuts and pegs.
+#                   128 would cost 4x 64's pixels and about 10 GB of preloaded frames; 96 is 2.25x and about 6 GB.
+#   model/steps     configs/metaworld_mt50.yaml: MT10's architecture (about 1.2M parameters), 9000 steps of 32.
+#   rows            (1) no privileged information (the default): waypoint targets from proprio + gripper only;
+#                   (2) MT50_PRIVILEGED=1 adds a run with the simulator's training-time targets (object xyz and
+#                   image position; MT10's full recipe) in runs/metaworld_mt50/privileged/.
+#
+# Wall clock per stage, ESTIMATES (not measured; scaled from MT10's runs on this 2-core box, docs/benchmarks.md:
+# collection 96 env steps/s at 64 px with 2 workers, training 1.9 it/s at 64 px, evaluation about 50 env steps/s
+# with 2 workers; here a failed episode runs all 500 steps, so evaluation time grows as success falls):
+#   1 experts, 10 + 50 seeds per task, physics only                         15-20 min
+#   2 collect 50 x 50 demonstrations at 96 px (~250k env steps)             50-90 min (2-3 h on a loaded box)
+#   3 train 9000 steps at ~0.9-1.25 it/s                                    2.0-2.8 h
+#   4 evaluate 10 per task (500 episodes, 130-170k env steps at 40-50/s)    45-70 min, then the table
+#   5 (MT50_PRIVILEGED=1) train + evaluate row 2 on 10 per task             3-4 h more
+#   6 40 more per task (2000 episodes), per row, in 4 parts of 10           3-4.5 h (TIGHT_EPISODES=10 skips it)
+#   7 (CURVE_EPISODES>0) 10 per task on the step-4500 checkpoint            45-70 min
+#   8 report                                                                seconds
+#   Row 1 with the protocol's figure (stages 1-4): about 4-6 h; with the 50-per-task figure: about 7-10 h.
+#   stage_times.txt records the real figures.
+#
+# Settings (environment variables): DATA, RUN, CONFIG, EPISODES_PER_TASK, IMAGE_SIZE, NOISE, TRAIN_STEPS (overrides
+# the config's train.steps), TIGHT_EPISODES (50: per task, the 10 of the protocol included; 10 or less skips the
+# 40 more), MT50_PRIVILEGED (0/1), CURVE_EPISODES (0 = no curve).
+set -euo pipefail
+cd "$(dirname "$0")/.."
+if [ "${1:-}" = "-h" ] || [ "${1:-}" = "--help" ]; then
+  sed -n '2,/^set -euo/p' "$0" | sed '$d' | sed 's/^# \{0,1\}//'
+  exit 0
+fi
+export MUJOCO_GL="${MUJOCO_GL:-egl}"
+
+DATA="${DATA:-data/metaworld_mt50.hdf5}"
+RUN="${RUN:-runs/metaworld_mt50}"
+CONFIG="${CONFIG:-configs/metaworld_mt50.yaml}"
+EPISODES_PER_TASK="${EPISODES_PER_TASK:-50}"   # demonstrations per task (45 train + 5 valid)
+IMAGE_SIZE="${IMAGE_SIZE:-96}"                  # corner2 frames, pixels square
+NOISE="${NOISE:-0.2}"                           # DART: std of the noise on the expert's motion
+TRAIN_STEPS="${TRAIN_STEPS:-}"                  # empty: the config's train.steps
+TIGHT_EPISODES="${TIGHT_EPISODES:-50}"          # per task for the tighter figure (the first 10 are the protocol's)
+MT50_PRIVILEGED="${MT50_PRIVILEGED:-0}"         # 1: also row 2, the simulator's training-time targets
+CURVE_EPISODES="${CURVE_EPISODES:-0}"           # per task, for each checkpoint train.keep_every kept
+PROTOCOL_EPISODES=10                            # LeRobot's: 10 per task
+EVAL_SEED=100000
+MORE=$((TIGHT_EPISODES - PROTOCOL_EPISODES))
+PRIVILEGED_OVERRIDES=(data.aux_key=object data.keypoint_key=object_px data.waypoint_targets=false)
+STEPS_OVERRIDE=()
+if [ -n "$TRAIN_STEPS" ]; then STEPS_OVERRIDE=("train.steps=$TRAIN_STEPS"); fi
+mkdir -p "$RUN" "$(dirname "$DATA")"
+
+source scripts/stages.sh  # stage, timed
+
+if ! python -c "import metaworld" 2>/dev/null; then
+  echo "error: Meta-World is not installed; run: pip install -e '.[metaworld]' (make setup does)" >&2
+  exit 2
+fi
+
+# Each stage's skip check stays outside `timed`, so a re-run that skips it keeps its recorded time.
+measure_experts() {  # measure_experts NAME FILE EPISODES: the scripted experts on the evaluation seeds
+  local name=$1 out=$2 episodes=$3
+  if [ -f "$out" ]; then echo "already measured ($out)"; return; fi
+  timed "$name" python -m envs --tasks metaworld-lerobot/mt50 --episodes "$episodes" --seed "$EVAL_SEED" \
+    --physics-only --json "$out.tmp"
+  mv "$out.tmp" "$out"
+}
+
+train_run() {  # train_run NAME OUT [OVERRIDE...]: train, or resume, or skip a finished run
+  local name=$1 out=$2; shift 2
+  if [ -f "$out/summary.json" ] && python -c "import json,sys; sys.exit(0 if json.load(open(sys.argv[1]))['finished'] else 1)" "$out/summary.json"; then
+    echo "already trained ($out/summary.json)"
+  elif [ -f "$out/latest/train_state.pt" ]; then  # the resumed part's time replaces the line (stages.sh)
+    timed "$name" vla-train --data "$DATA" --out "$out" --resume "${STEPS_OVERRIDE[@]}"
+  else
+    timed "$name" vla-train --config "$CONFIG" --data "$DATA" --out "$out" "$@" "${STEPS_OVERRIDE[@]}"
+  fi
+}
+
+evaluate_protocol() {  # evaluate_protocol NAME OUT: LeRobot's 10 episodes per task, the expert beside each task
+  local name=$1 out=$2
+  if [ -f "$out/eval.json" ]; then echo "already evaluated ($out/eval.json)"; return; fi
+  timed "${name}_eval10" vla-eval --checkpoint "$out" --episodes-per-task "$PROTOCOL_EPISODES" --seed "$EVAL_SEED" \
+    --workers 2 --experts "$RUN/experts.json" --json "$out/eval.json.tmp" --video "$out/videos"
+  mv "$out/eval.json.tmp" "$out/eval.json"
+}
+
+evaluate_more() {  # evaluate_more NAME OUT: the next seeds, 10 per task per part (each part resumes on its own),
+  local name=$1 out=$2 start n part           # so eval.json + eval_more/*.json are TIGHT_EPISODES per task
+  if [ ! -f "$out/latest/config.json" ]; then return; fi   # (row 2 when it was not trained)
+  mkdir -p "$out/eval_more"
+  for ((start = EVAL_SEED + PROTOCOL_EPISODES; start < EVAL_SEED + TIGHT_EPISODES; start += PROTOCOL_EPISODES)); do
+    n=$((EVAL_SEED + TIGHT_EPISODES - start < PROTOCOL_EPISODES ? EVAL_SEED + TIGHT_EPISODES - start : PROTOCOL_EPISODES))
+    part="$out/eval_more/seeds_$start.json"
+    if [ -f "$part" ]; then echo "already evaluated ($part)"; continue; fi
+    timed "${name}_eval_$start" vla-eval --checkpoint "$out" --episodes-per-task "$n" --seed "$start" --workers 2 \
+      --json "$part.tmp"
+    mv "$part.tmp" "$part"
+  done
+}
+
+stage "1/8 scripted experts on the evaluation seeds: $PROTOCOL_EPISODES and $TIGHT_EPISODES per task"
+measure_experts experts "$RUN/experts.json" "$PROTOCOL_EPISODES"
+measure_experts experts50 "$RUN/experts50.json" "$TIGHT_EPISODES"
+
+stage "2/8 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
+if [ -f "$RUN/mt50_job.json" ] && [ -e "$DATA" ] && [ ! -e "$DATA.parts" ]; then
+  echo "already collected ($DATA; $RUN/mt50_job.json)"
+else
+  resume=""
+  if [ -e "$DATA" ] || [ -e "$DATA.parts" ]; then resume=--resume; fi   # complete what is there
+  timed collect vla-collect --tasks metaworld-lerobot/mt50 --episodes-per-task "$EPISODES_PER_TASK" --workers 2 \
+    --image-size "$IMAGE_SIZE" --out "$DATA" --seed 0 --noise "$NOISE" $resume
+  vla-data validate "$DATA"
+  printf '{"demos_per_task": %d, "valid_fraction": 0.1, "noise": %s, "image_size": %d, "data": "%s"}\n' \
+    "$EPISODES_PER_TASK" "$NOISE" "$IMAGE_SIZE" "$DATA" > "$RUN/mt50_job.json"   # what the report's table names
+fi
+
+stage "3/8 train row 1, no privileged information ($CONFIG) into $RUN"
+train_run train "$RUN"
+
+stage "4/8 evaluate row 1 on the published protocol: $PROTOCOL_EPISODES episodes per task"
+evaluate_protocol row1 "$RUN"
+python -m vla.cli.report "$RUN" | sed -n '/^## Meta-World MT50/,/^Settings that differ/p'   # the headline, early
+
+stage "5/8 row 2, the simulator's training-time targets (MT50_PRIVILEGED=$MT50_PRIVILEGED)"
+if [ "$MT50_PRIVILEGED" = 1 ]; then
+  mkdir -p "$RUN/privileged"
+  train_run train_privileged "$RUN/privileged" "${PRIVILEGED_OVERRIDES[@]}"
+  evaluate_protocol row2 "$RUN/privileged"
+else
+  echo "skipped (MT50_PRIVILEGED=1 trains it: $CONFIG with ${PRIVILEGED_OVERRIDES[*]})"
+fi
+
+stage "6/8 the tighter figure: $MORE more episodes per task (seeds from $((EVAL_SEED + PROTOCOL_EPISODES))), $TIGHT_EPISODES in all"
+evaluate_more row1 "$RUN"
+evaluate_more row2 "$RUN/privileged"   # when row 2 was trained
+
+stage "7/8 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (CURVE_EPISODES>0)"
+mkdir -p "$RUN/curve"
+final=$(basename "$(readlink -f "$RUN/latest")")
+for kept in "$RUN"/checkpoints/step_*/KEEP; do
+  [ "$CURVE_EPISODES" -gt 0 ] && [ -e "$kept" ] || continue
+  ckpt=$(dirname "$kept"); name=$(basename "$ckpt")
+  if [ "$name" = "$final" ] || [ -f "$RUN/curve/$name.json" ]; then continue; fi
+  timed "curve_$name" vla-eval --checkpoint "$ckpt" --episodes-per-task "$CURVE_EPISODES" --seed "$EVAL_SEED" \
+    --workers 2 --json "$RUN/curve/$name.json.tmp"
+  mv "$RUN/curve/$name.json.tmp" "$RUN/curve/$name.json"
+done
+
+stage "8/8 report: the SmolVLA paper's MT50 table, our rows beside the published ones"
+python -m vla.cli.report "$RUN"
