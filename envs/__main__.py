@@ -94,8 +94,15 @@ def contact_sheet(path: str, image_size: int, seed: int, tasks: list[str]) -> No
     fig.savefig(path, dpi=120)
 
 
+class _Parser(argparse.ArgumentParser):
+    """argparse with the console scripts' convention (vla/cli/common.py): a usage error is one line, exit 2."""
+
+    def error(self, message: str):
+        self.exit(2, f"{self.prog}: error: {message} (see {self.prog} --help)\n")
+
+
 def main(argv: list[str] | None = None) -> int:
-    parser = argparse.ArgumentParser(prog="python -m envs", description=__doc__.split("\n\n")[0])
+    parser = _Parser(prog="python -m envs", description=__doc__.split("\n\n")[0])
     parser.add_argument("--tasks", default="all", help="all, metaworld/mt10, or comma-separated task ids/names")
     parser.add_argument("--episodes", type=int, default=20, help="seeded episodes per task")
     parser.add_argument("--seed", type=int, default=0, help="first seed; episode i uses seed + i")
