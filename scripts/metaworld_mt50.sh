@@ -22,19 +22,10 @@
 #                   (2) MT50_PRIVILEGED=1 adds a run with the simulator's training-time targets (object xyz and
 #                   image position; MT10's full recipe) in runs/metaworld_mt50/privileged/.
 #
-# Wall clock per stage, ESTIMATES (not measured; scaled from MT10's runs on this 2-core box, docs/benchmarks.md:
-# collection 96 env steps/s at 64 px with 2 workers, training 1.9 it/s at 64 px, evaluation about 50 env steps/s
-# with 2 workers; here a failed episode runs all 500 steps, so evaluation time grows as success falls):
-#   1 experts, 10 + 50 seeds per task, physics only                         15-20 min
-#   2 collect 50 x 50 demonstrations at 96 px (~250k env steps)             50-90 min (2-3 h on a loaded box)
-#   3 train 9000 steps at ~0.9-1.25 it/s                                    2.0-2.8 h
-#   4 evaluate 10 per task (500 episodes, 130-170k env steps at 40-50/s)    45-70 min, then the table
-#   5 (MT50_PRIVILEGED=1) train + evaluate row 2 on 10 per task             3-4 h more
-#   6 40 more per task (2000 episodes), per row, in 4 parts of 10           3-4.5 h (TIGHT_EPISODES=10 skips it)
-#   7 (CURVE_EPISODES>0) 10 per task on the step-4500 checkpoint            45-70 min
-#   8 report                                                                seconds
-#   Row 1 with the protocol's figure (stages 1-4): about 4-6 h; with the 50-per-task figure: about 7-10 h.
-#   stage_times.txt records the real figures.
+# Stages: 1 experts (10 + 50 seeds per task, physics only), 2 collect, 3 train row 1, 4 evaluate 10 per task and
+# print the table, 5 row 2 (MT50_PRIVILEGED=1), 6 40 more per task in parts of 10, 7 the curve (CURVE_EPISODES>0),
+# 8 report. Wall clock per stage: docs/metaworld_mt50.md (measured for experts, collection and the training pace; the
+# evaluation stages estimated there); stage_times.txt records each run's own figures.
 #
 # Settings (environment variables): DATA, RUN, CONFIG, EPISODES_PER_TASK, IMAGE_SIZE, NOISE, TRAIN_STEPS (overrides
 # the config's train.steps), TIGHT_EPISODES (50: per task, the 10 of the protocol included; 10 or less skips the
