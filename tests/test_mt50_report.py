@@ -163,8 +163,20 @@ def test_a_partial_evaluation_says_what_it_covers():
 def test_the_job_script_parses_and_prints_its_header():
     assert subprocess.run(["bash", "-n", str(SCRIPT)]).returncode == 0
     out = subprocess.run(["bash", str(SCRIPT), "--help"], capture_output=True, text=True, check=True, timeout=10).stdout
-    for needle in ("make metaworld-mt50", "EPISODES_PER_TASK=50", "IMAGE_SIZE=96", "docs/metaworld_mt50.md",
-                   "MT50_PRIVILEGED=1", "1 experts", "2 collect", "3 train", "4 evaluate", "6 40 more", "8 report"):  # fmt: skip
+    needles = (
+        "make metaworld-mt50",
+        "EPISODES_PER_TASK=50",
+        "IMAGE_SIZE=96",
+        "docs/metaworld_mt50.md",
+        "MT50_PRIVILEGED=1",
+        "1 experts",
+        "2 collect",
+        "3 train",
+        "4 evaluate",
+        "6 40 more",
+        "8 report",
+    )
+    for needle in needles:
         assert needle in out, needle
     assert "set -euo" not in out and "metaworld-mt50: setup" in (ROOT / "Makefile").read_text()
 
