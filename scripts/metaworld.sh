@@ -60,16 +60,7 @@ else
 fi
 
 stage "5/6 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (train.keep_every)"
-mkdir -p "$RUN/curve"
-final=$(basename "$(readlink -f "$RUN/latest")")
-for kept in "$RUN"/checkpoints/step_*/KEEP; do
-  [ -e "$kept" ] || continue
-  ckpt=$(dirname "$kept"); name=$(basename "$ckpt")
-  if [ "$name" = "$final" ] || [ -f "$RUN/curve/$name.json" ]; then continue; fi
-  timed "curve_$name" vla-eval --checkpoint "$ckpt" --episodes-per-task "$CURVE_EPISODES" --seed "$EVAL_SEED" \
-    --workers 2 --json "$RUN/curve/$name.json.tmp"
-  mv "$RUN/curve/$name.json.tmp" "$RUN/curve/$name.json"
-done
+curve "$CURVE_EPISODES" "$EVAL_SEED"
 
 stage "6/6 summary"
 python -m vla.cli.report "$RUN"

@@ -143,16 +143,7 @@ evaluate_more row1 "$RUN"
 evaluate_more row2 "$RUN/privileged"   # when row 2 was trained
 
 stage "7/8 the learning curve: $CURVE_EPISODES episodes per task for each kept checkpoint (CURVE_EPISODES>0)"
-mkdir -p "$RUN/curve"
-final=$(basename "$(readlink -f "$RUN/latest")")
-for kept in "$RUN"/checkpoints/step_*/KEEP; do
-  [ "$CURVE_EPISODES" -gt 0 ] && [ -e "$kept" ] || continue
-  ckpt=$(dirname "$kept"); name=$(basename "$ckpt")
-  if [ "$name" = "$final" ] || [ -f "$RUN/curve/$name.json" ]; then continue; fi
-  timed "curve_$name" vla-eval --checkpoint "$ckpt" --episodes-per-task "$CURVE_EPISODES" --seed "$EVAL_SEED" \
-    --workers 2 --json "$RUN/curve/$name.json.tmp"
-  mv "$RUN/curve/$name.json.tmp" "$RUN/curve/$name.json"
-done
+if [ "$CURVE_EPISODES" -gt 0 ]; then curve "$CURVE_EPISODES" "$EVAL_SEED"; fi
 
 stage "8/8 report: the SmolVLA paper's MT50 table, our rows beside the published ones"
 python -m vla.cli.report "$RUN"
