@@ -42,7 +42,7 @@ class TorchBackend:
         self.image_keys = ["image", "wrist_image"][: self.spec.n_cameras]
         self.reads_committed = True  # the network's committed slots (when it has them) read the bins
         self._cache = model.new_cache(1, self.device) if kv_cache else None
-        self._history: deque = deque(maxlen=self.cfg.window)  # [image, proprio, timestep, tokens] per step
+        self._history: deque = deque(maxlen=self.cfg.window)  # (image, proprio, timestep) per step
         self._instruction: torch.Tensor | None = None
 
     def fork(self, kv_cache: bool) -> TorchBackend:
@@ -56,31 +56,27 @@ class TorchBackend:
 
     @torch.inference_mode()
     def step(self, image: np.ndarray, proprio: np.ndarray, t: int, committed: np.ndarray | None) -> np.ndarray:
-        """Run the network on this step (cached or recomputed); the step's tokens join the history."""
+        """Run the network on this step (cached or recomputed); the step joins the window."""
         image_t = torch.from_numpy(image).to(self.device)  # (1, n_cam, H, W, 3)
         proprio_t = torch.from_numpy(proprio).to(self.device)  # (1, P)
         timestep = torch.tensor([t], dtype=torch.long, device=self.device)
         held = None if committed is None else torch.from_numpy(committed).to(self.device)  # (1, chunk*A)
-        self._history.append([image_t, proprio_t, timestep, None])
+        self._history.append((image_t, proprio_t, timestep))
         if self._cache is not None:
             out = self.model.step(self._cache, image_t, proprio_t, timestep, committed=held)
         else:
             w = self.window_batch()
             out = self.model.recompute(w["instruction"], w["image"], w["proprio"], w["timestep"], committed=held)
-        self._history[-1][3] = out.tokens
         return out.logits[0].float().cpu().numpy()  # (chunk*A, bins)
 
     def window_batch(self) -> dict:
-        """The current window (the last K steps seen) as a model batch of one, oldest step first; the
-        steps' decoded tokens as `actions` (-1 for a step not yet decoded)."""
-        images, props, steps, tokens = zip(*self._history, strict=True)
-        blank = torch.full((1, self.model.layout.n_action_tokens), -1, dtype=torch.long, device=self.device)
+        """The current window (the last K steps seen) as a model batch of one, oldest step first."""
+        images, props, steps = zip(*self._history, strict=True)
         return {
             "instruction": self._instruction,  # (1, L)
             "image": torch.stack(images, dim=1),  # (1, T, n_cam, H, W, 3)
             "proprio": torch.stack(props, dim=1),  # (1, T, P)
             "timestep": torch.stack(steps, dim=1),  # (1, T)
-            "actions": torch.stack([blank if t is None else t for t in tokens], dim=1),  # (1, T, chunk*A)
         }
 
 
