@@ -200,3 +200,22 @@ def test_convert_help(capsys):
     assert e.value.code == 0
     out = capsys.readouterr().out
     assert "usage: vla-data convert" in out and "--codec" in out and "--image-key" in out
+
+
+def test_drop_leaves_out_the_simulator_labels_both_ways(tiny_dataset, lossless, tmp_path):
+    """--drop object,object_px: what a real robot's dataset holds; training then turns the targets off."""
+    out = tmp_path / "no_labels"
+    r = run_main("vla.cli.data", "convert", tiny_dataset, out, "--codec", "lossless", "--drop", "object,object_px",
+                 "--quiet")  # fmt: skip
+    assert r.returncode == 0, r.stderr
+    features = json.loads((out / "meta/info.json").read_text())["features"]
+    assert "observation.state" in features and "action" in features
+    assert not {"observation.object", "observation.object_px"} & set(features), sorted(features)
+    back = tmp_path / "back.hdf5"
+    convert(lossless, back, quiet=True, drop=("object",))
+    with open_source(back) as src:
+        keys = src.obs_keys(src.names("")[0])
+    assert "object" not in keys and "object_px" in keys
+    r = run_main("vla.cli.data", "convert", tiny_dataset, tmp_path / "typo", "--drop", "objet", "--quiet")
+    assert r.returncode == 2 and "--drop objet: no such observation key" in r.stderr and "object_px" in r.stderr
+    assert not (tmp_path / "typo").exists()

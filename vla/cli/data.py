@@ -72,6 +72,9 @@ def build_parser() -> cli.Parser:
                    help="video codec for LeRobot output: av1 (LeRobot's default; used when available), h264, "
                    "or lossless (H.264 RGB qp 0: exact pixels, ~10x larger)")  # fmt: skip
     s.add_argument("--image-size", type=int, default=0, help="resize frames to N x N while converting (0 = keep)")
+    s.add_argument("--drop", default="", metavar="KEYS",
+                   help="comma-separated observation keys to leave out, e.g. the simulator-only labels: "
+                   "--drop object,object_px (what a real robot's data would not have)")  # fmt: skip
     s.add_argument("--force", action="store_true", help="replace DST if it exists")
     s.add_argument("--quiet", action="store_true", help="no progress bar")
     s.add_argument("--json", action="store_true", help="print the result (episodes, frames, frames/s) as JSON")
@@ -134,7 +137,9 @@ def _convert(args: argparse.Namespace) -> int:
 
     if not 0 <= args.valid_fraction < 1:
         raise UserError(f"--valid-fraction must be in [0, 1), got {args.valid_fraction}")
-    r = convert(args.src, args.dst, codec=args.codec, force=args.force, quiet=args.quiet, **source_options(args))
+    drop = tuple(k for k in args.drop.split(",") if k)
+    r = convert(args.src, args.dst, codec=args.codec, force=args.force, quiet=args.quiet, drop=drop,
+                **source_options(args))  # fmt: skip
     if args.json:
         print(json.dumps(r, indent=2))
     else:

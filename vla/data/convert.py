@@ -46,7 +46,16 @@ def _splits(src: EpisodeSource) -> dict[str, str]:
     return out
 
 
-def to_lerobot(src: EpisodeSource, dst: Path, codec: str = "", force: bool = False, quiet: bool = False) -> dict:
+def _check_drop(drop: tuple[str, ...], present: list[str], src: EpisodeSource) -> None:
+    """One line naming a `drop` key the source does not have (a typo would otherwise keep a label silently)."""
+    for key in drop:
+        if key not in present:
+            raise DatasetError(f"{src.path}: --drop {key}: no such observation key (it has: {', '.join(present)})")
+
+
+def to_lerobot(
+    src: EpisodeSource, dst: Path, codec: str = "", force: bool = False, quiet: bool = False, drop: tuple = ()
+) -> dict:
     names = src.names("")
     if not names:
         raise DatasetError(f"{src.path}: no episodes to convert")
@@ -55,9 +64,11 @@ def to_lerobot(src: EpisodeSource, dst: Path, codec: str = "", force: bool = Fal
     splits = _splits(src)
     first = src.obs_keys(names[0]) if isinstance(src, HDF5Source) else {}
     keys = src.keys
-    cameras = [k for k, (dt, shape) in first.items() if dt == "uint8" and len(shape) == 3 and k != keys.image]
+    _check_drop(drop, [k for k in first if k not in (keys.image, *keys.proprio)], src)
+    kept = {k: v for k, v in first.items() if k not in drop}
+    cameras = [k for k, (dt, shape) in kept.items() if dt == "uint8" and len(shape) == 3 and k != keys.image]
     extra = [
-        k for k, (dt, shape) in first.items()
+        k for k, (dt, shape) in kept.items()
         if dt.startswith("float") and len(shape) == 1 and k not in keys.proprio
     ]  # fmt: skip
     frames = sum(src.meta(n)["num_samples"] for n in names)
@@ -97,7 +108,7 @@ def to_lerobot(src: EpisodeSource, dst: Path, codec: str = "", force: bool = Fal
             "fps": fps, "codec": writer.codec, "out": str(dst)}  # fmt: skip
 
 
-def to_hdf5(src: EpisodeSource, dst: Path, force: bool = False, quiet: bool = False) -> dict:
+def to_hdf5(src: EpisodeSource, dst: Path, force: bool = False, quiet: bool = False, drop: tuple = ()) -> dict:
     names = src.names("")
     if not names:
         raise DatasetError(f"{src.path}: no episodes to convert")
@@ -128,6 +139,9 @@ def to_hdf5(src: EpisodeSource, dst: Path, force: bool = False, quiet: bool = Fa
             if k in (src.keys.image, *src.keys.proprio):
                 continue
             (other_cams if dt == "uint8" and len(shape) == 3 else extra).append((k, k))
+    _check_drop(drop, [key for _, key in other_cams + extra], src)
+    other_cams = [(feat, key) for feat, key in other_cams if key not in drop]
+    extra = [(feat, key) for feat, key in extra if key not in drop]
     t0 = time.perf_counter()
     bar = _progress(frames, f"convert -> {dst.name}", quiet)
     masks: dict[str, str] = {}
@@ -169,14 +183,16 @@ def convert(
     codec: str = "",
     force: bool = False,
     quiet: bool = False,
+    drop: tuple[str, ...] = (),
     **source_options: Any,
 ) -> dict:
-    """Convert `src` to `dst` (a LeRobot directory, or HDF5 when `dst` ends in .hdf5/.h5).
+    """Convert `src` to `dst` (a LeRobot directory, or HDF5 when `dst` ends in .hdf5/.h5), leaving out the
+    observation keys in `drop` (e.g. simulator-only labels: ("object", "object_px")).
     `source_options` go to `open_source` (layout, image, proprio, instruction, image_size, ...)."""
     src_path, dst = Path(src), Path(dst)
     if src_path.resolve() == dst.resolve():
         raise DatasetError(f"{dst}: source and destination are the same")
     with open_source(src_path, **source_options) as source:
         if dst.suffix.lower() in HDF5_SUFFIXES:
-            return to_hdf5(source, dst, force=force, quiet=quiet)
-        return to_lerobot(source, dst, codec=codec, force=force, quiet=quiet)
+            return to_hdf5(source, dst, force=force, quiet=quiet, drop=tuple(drop))
+        return to_lerobot(source, dst, codec=codec, force=force, quiet=quiet, drop=tuple(drop))
