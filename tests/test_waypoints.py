@@ -4,7 +4,7 @@ import numpy as np
 import pytest
 
 from vla.data.hdf5_format import ObsKeys, open_dataset
-from vla.data.waypoints import CONTACT_BAND, N_WAYPOINTS, gripper_closed, next_contact, waypoint_targets
+from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
 from vla.data.windows import WindowDataset, fit_tokenizers
 
 
@@ -37,21 +37,6 @@ def test_a_demo_without_grasps_points_at_its_end():
     np.testing.assert_allclose(always_closed[:, 1], hand[-1] - hand, atol=1e-6)
 
 
-def test_next_contact_is_where_the_hand_reaches_the_lowest_level_left():
-    """A push: down to the table behind the block, along it, up and away; a grasp: down, up, down again."""
-    push = np.array([3.0, 2.0, 1.0, 0.05, 0.0, 0.1, 2.0, 3.0])  # jitter within CONTACT_BAND at the bottom
-    assert CONTACT_BAND > 0.1
-    np.testing.assert_array_equal(next_contact(push), [3, 3, 3, 3, 4, 5, 6, 7])  # the rest is higher: now
-    twice = np.array([2.0, 0.0, 2.0, 1.0, 2.0])  # a second, higher contact after the first
-    np.testing.assert_array_equal(next_contact(twice), [1, 1, 3, 3, 4])
-    hand = np.stack([np.arange(8.0), push], 1).astype(np.float32)  # (x, height)
-    with_contact = waypoint_targets(hand, np.ones(8, bool), hand[:, 1]).reshape(8, N_WAYPOINTS + 1, 2)
-    np.testing.assert_array_equal(
-        with_contact[:, :N_WAYPOINTS], waypoint_targets(hand, np.ones(8, bool)).reshape(8, N_WAYPOINTS, 2)
-    )
-    np.testing.assert_allclose(with_contact[0, -1], hand[3] - hand[0])  # the push starts at step 3
-
-
 def test_gripper_threshold_is_the_middle_of_its_range():
     actions = np.array([[0.0, -1.0], [0.0, 0.2], [0.0, 1.5]], np.float32)
     np.testing.assert_array_equal(gripper_closed(actions, -1, -1.0, 1.0), [False, True, True])
@@ -76,21 +61,3 @@ def test_dataset_waypoints_match_the_recorded_grasp(tiny_dataset, tokenizers):
     assert np.linalg.norm(hand_at_grasp[:2] - block[:2]) < 0.03  # the expert grasps the named block
     with pytest.raises(Exception, match="gripper_dim=7"):
         WindowDataset(tiny_dataset, "train", tokenizers, 1, 1, 12, waypoints=True, gripper_dim=7)
-
-
-def test_dataset_contact_waypoint_is_behind_the_pushed_block(tiny_dataset, tokenizers):
-    """On real Push demos (gripper closed throughout): the hand at the next contact is a few cm from the block."""
-    ds = WindowDataset(tiny_dataset, "train", tokenizers, window=1, chunk=1, instruction_len=12, waypoints=True,
-                       waypoint_dims=[0, 1, 2], height_dim=2)  # fmt: skip
-    pushes = [i for i, task in enumerate(ds.tasks) if "Push" in task]
-    assert pushes
-    norm = tokenizers.proprio
-    for d in pushes:
-        with open_dataset(tiny_dataset) as f:
-            demo = f["data"][ds.names[d]]
-            proprio, block = demo["obs"]["proprio"][()], demo["obs"]["object"][()][0, :3]
-        first = int(np.flatnonzero(ds.index[:, 0] == d)[0])
-        target = (ds[first]["aux"][0].numpy() * ds.waypoint_spread).reshape(N_WAYPOINTS + 1, 3)
-        contact = target[-1] * norm.std[:3] + proprio[0, :3]  # back to metres
-        assert 0.02 < np.linalg.norm(contact[:2] - block[:2]) < 0.09, (contact, block)  # the push spot: 5.5 cm
-        assert contact[2] < proprio[:, 2].min() + 0.02  # down at the table

@@ -11,11 +11,6 @@ done. So for each step t the targets are the proprio at three moments, relative 
 - the step `HORIZON` steps ahead (or the last): where the hand is heading, which on a push passes the thing
   pushed, a thing no grasp marks.
 
-With the hand's height (`data.height_dim`), a fifth: the next contact, the first step >= t from which the hand
-never again goes lower than it is then (within `CONTACT_BAND`): where a push starts behind its block, where a
-grasp closes, where a press touches. A push keeps its gripper closed throughout, so no grasp marks its block;
-this moment does.
-
 A moment the rest of the demonstration does not hold falls back to the last step (a reach, a push with a
 closed gripper). Offsets are in the proprio normalizer's units, every proprio dimension (a joint-space robot
 works as well as one that records its hand's position). These are training targets only: an auxiliary head
@@ -28,7 +23,6 @@ import numpy as np
 
 N_WAYPOINTS = 4  # next grasp, next release, last step, HORIZON steps ahead
 HORIZON = 8  # steps
-CONTACT_BAND = 0.25  # normalized height units (about a quarter of the height's spread over the data)
 
 
 def gripper_closed(actions: np.ndarray, dim: int, low: float, high: float) -> np.ndarray:
@@ -36,10 +30,9 @@ def gripper_closed(actions: np.ndarray, dim: int, low: float, high: float) -> np
     return actions[:, dim] > 0.5 * (low + high)
 
 
-def waypoint_targets(proprio: np.ndarray, closed: np.ndarray, height: np.ndarray | None = None) -> np.ndarray:
-    """proprio (T, P) normalized, closed (T,) bool, height (T,) the hand's normalized height or None ->
-    (T, W * P) float32: the proprio at the next grasp, the next release, the last step, HORIZON steps ahead
-    and, with `height`, the next contact (W = 5; else 4), each minus the proprio at t."""
+def waypoint_targets(proprio: np.ndarray, closed: np.ndarray) -> np.ndarray:
+    """proprio (T, P) normalized, closed (T,) bool -> (T, 4 * P) float32: the proprio at the next grasp,
+    the next release, the last step and HORIZON steps ahead, each minus the proprio at t."""
     T = len(proprio)
     last = T - 1
     turns_closed = np.flatnonzero(closed[1:] & ~closed[:-1]) + 1  # steps where the command closes
@@ -49,20 +42,9 @@ def waypoint_targets(proprio: np.ndarray, closed: np.ndarray, height: np.ndarray
     grasp = np.where(closed, steps, grasp)  # holding: the thing is at the hand now
     release = _next_at_or_after(turns_open, steps + 1, last)
     ahead = np.minimum(steps + HORIZON, last)
-    moments = [grasp, release, np.full(T, last), ahead]
-    if height is not None:
-        moments.append(next_contact(height))
-    waypoints = np.stack(moments, axis=1)  # (T, W) step indices
-    offsets = proprio[waypoints] - proprio[:, None, :]  # (T, W, P)
+    waypoints = np.stack([grasp, release, np.full(T, last), ahead], axis=1)  # (T, 4) step indices
+    offsets = proprio[waypoints] - proprio[:, None, :]  # (T, 4, P)
     return offsets.reshape(T, -1).astype(np.float32)  # (T, 4 * P)
-
-
-def next_contact(height: np.ndarray) -> np.ndarray:
-    """height (T,) -> (T,) int: for each t, the first step s >= t with height[s] <= min(height[s:]) + CONTACT_BAND,
-    the hand at the lowest level the rest of the demonstration reaches (t itself once it is there)."""
-    floor = np.minimum.accumulate(height[::-1])[::-1]  # (T,) min(height[s:])
-    at_floor = np.flatnonzero(height <= floor + CONTACT_BAND)  # never empty: the last step is its own floor
-    return _next_at_or_after(at_floor, np.arange(len(height)), len(height) - 1)
 
 
 def _next_at_or_after(events: np.ndarray, steps: np.ndarray, fallback: int) -> np.ndarray:

@@ -116,9 +116,8 @@ class WindowDataset(Dataset):
         waypoints: bool = False,
         gripper_dim: int = -1,
         waypoint_dims: list[int] | None = None,
-        height_dim: int = -1,
     ):
-        self.waypoint_dims, self.height_dim = list(waypoint_dims or []), height_dim
+        self.waypoint_dims = list(waypoint_dims or [])
         self.source = _source(path, keys)
         # Instruction augmentation (`envs.augment_instruction`): the chance of a paraphrase; 0 = the demo's own.
         self.instruction_augment, self.seed = instruction_augment, seed
@@ -149,7 +148,7 @@ class WindowDataset(Dataset):
             self.instructions.append(self._encode(demo.instruction))
         self.waypoint_spread = None  # (n,) what the waypoint targets were divided by
         if waypoints:  # each waypoint coordinate to unit spread over the split: none dominates the loss
-            n = (N_WAYPOINTS + (height_dim >= 0)) * (len(self.waypoint_dims) or self.proprio[0].shape[1])
+            n = N_WAYPOINTS * (len(self.waypoint_dims) or self.proprio[0].shape[1])
             self.waypoint_spread = np.concatenate([a[:, -n:] for a in self.aux]).std(0) + 1e-3  # (n,)
             for a in self.aux:
                 a[:, -n:] /= self.waypoint_spread
@@ -177,23 +176,18 @@ class WindowDataset(Dataset):
         return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
 
     def _waypoint_targets(self, proprio: np.ndarray, actions: np.ndarray, gripper_dim: int) -> np.ndarray:
-        """(T, W*D) float32: the hand (proprio dims `waypoint_dims`) at the demo's next grasp, next release, last
-        step, a few steps ahead and (with `height_dim`) next contact, relative to now (`vla.data.waypoints`)."""
+        """(T, 3D) float32: the hand (proprio dims `waypoint_dims`) at the demo's next grasp, next release and
+        last step, relative to now (`vla.data.waypoints`)."""
         act = self.tok.action
         if not -act.action_dim <= gripper_dim < act.action_dim:
             raise DatasetError(f"data.gripper_dim={gripper_dim} is not one of the {act.action_dim} action dimensions")
         closed = gripper_closed(actions, gripper_dim, float(act.low[gripper_dim]), float(act.high[gripper_dim]))
         hand = self.tok.proprio.normalize(proprio).astype(np.float32)
-        height = None
-        if self.height_dim >= 0:
-            if self.height_dim >= hand.shape[1]:
-                raise DatasetError(f"data.height_dim={self.height_dim}: proprio has {hand.shape[1]} dimensions")
-            height = hand[:, self.height_dim]
         if self.waypoint_dims:
             if max(self.waypoint_dims) >= hand.shape[1]:
                 raise DatasetError(f"data.waypoint_dims={self.waypoint_dims}: proprio has {hand.shape[1]} dimensions")
             hand = hand[:, self.waypoint_dims]
-        return waypoint_targets(hand, closed, height)
+        return waypoint_targets(hand, closed)
 
     @staticmethod
     def _keypoint_targets(src: EpisodeSource, name: str, key: str) -> np.ndarray:

@@ -43,7 +43,6 @@ class DataConfig:
     waypoint_targets: bool = False
     gripper_dim: int = -1  # the action dimension that commands the gripper (closed above its range's middle)
     waypoint_dims: list[int] = field(default_factory=lambda: [0, 1, 2])  # proprio dims placing the hand; [] = all
-    height_dim: int = -1  # the proprio dim of the hand's height: adds the next-contact waypoint; -1 = none
     action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
     # removed: bin placement other than uniform (quantile, mu-law) was never used nor measured by a preset
     RETIRED: ClassVar[dict[str, object]] = {"action_mode": "uniform"}

@@ -90,7 +90,7 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
             source, split, tokenizers, cfg.model.window, cfg.model.chunk, cfg.model.instruction_len, keys,
             preload=cfg.data.preload, aux_key=cfg.data.aux_key, keypoint_key=cfg.data.keypoint_key,
             instruction_augment=instruction_augment, seed=cfg.train.seed, waypoints=cfg.data.waypoint_targets,
-            gripper_dim=cfg.data.gripper_dim, waypoint_dims=cfg.data.waypoint_dims, height_dim=cfg.data.height_dim,
+            gripper_dim=cfg.data.gripper_dim, waypoint_dims=cfg.data.waypoint_dims,
         )  # fmt: skip
 
     train_set = windows(cfg.data.train_split, cfg.data.instruction_augment)  # validation: the demos' own
