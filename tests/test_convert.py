@@ -203,7 +203,7 @@ def test_convert_help(capsys):
 
 
 def test_drop_leaves_out_the_simulator_labels_both_ways(tiny_dataset, lossless, tmp_path):
-    """--drop object,object_px: what a real robot's dataset holds; training then turns the targets off."""
+    """--drop object,object_px: the demo data as a real robot's dataset holds it, either direction."""
     out = tmp_path / "no_labels"
     r = run_main("vla.cli.data", "convert", tiny_dataset, out, "--codec", "lossless", "--drop", "object,object_px",
                  "--quiet")  # fmt: skip

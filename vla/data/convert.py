@@ -50,7 +50,8 @@ def _check_drop(drop: tuple[str, ...], present: list[str], src: EpisodeSource) -
     """One line naming a `drop` key the source does not have (a typo would otherwise keep a label silently)."""
     for key in drop:
         if key not in present:
-            raise DatasetError(f"{src.path}: --drop {key}: no such observation key (it has: {', '.join(present)})")
+            has = ", ".join(present) or "none this conversion copies"
+            raise DatasetError(f"{src.path}: --drop {key}: no such observation key (it has: {has})")
 
 
 def to_lerobot(
@@ -194,5 +195,5 @@ def convert(
         raise DatasetError(f"{dst}: source and destination are the same")
     with open_source(src_path, **source_options) as source:
         if dst.suffix.lower() in HDF5_SUFFIXES:
-            return to_hdf5(source, dst, force=force, quiet=quiet, drop=tuple(drop))
-        return to_lerobot(source, dst, codec=codec, force=force, quiet=quiet, drop=tuple(drop))
+            return to_hdf5(source, dst, force=force, quiet=quiet, drop=drop)
+        return to_lerobot(source, dst, codec=codec, force=force, quiet=quiet, drop=drop)
