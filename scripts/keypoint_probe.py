@@ -4,6 +4,10 @@ with `data.keypoint_key=""` the training never sees it).
 
     python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 --config configs/real.yaml
     python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 data.aux_key=object data.keypoint_key=
+    python scripts/keypoint_probe.py --data data/demo.hdf5 --checkpoint runs/real9   # a trained run, per task
+
+With --checkpoint: no training; per task, over validation windows, the best keypoint's mean distance to the named
+block and to its goal (front camera), beside a constant guess's.
 
 Columns: action loss; heat-map entropy (uniform = log of the pixel count); the spread of the keypoints'
 positions over a batch (0 = every image gives the same spot); the best keypoint's mean distance to the named
@@ -18,8 +22,10 @@ import time
 import numpy as np
 import torch
 
+from vla.checkpoint import load_checkpoint
+from vla.config import from_dict
 from vla.model import ActionTransformer
-from vla.training.config import load_config
+from vla.training.config import TrainConfig, apply_overrides, load_config
 from vla.training.train import batches, build_optimizer, prepare_data, setup_processes, total_loss
 
 
@@ -41,14 +47,45 @@ def grad_norm(params) -> float:
     return float(torch.sqrt(sum(p.grad.norm() ** 2 for p in params if p.grad is not None)))
 
 
+def per_task(run: str, data_path: str, windows: int) -> None:
+    """The trained run's keypoints against the recorded object_px, task by task (validation windows)."""
+    ckpt = load_checkpoint(run)
+    cfg = from_dict(TrainConfig, ckpt.meta["config"])  # the run's own config
+    cfg = apply_overrides(cfg, ["data.keypoint_key=object_px", "data.preload=false"])
+    cfg, data = prepare_data(cfg, data_path, ckpt, None)
+    model = ActionTransformer(cfg.model, data.spec)
+    ckpt.load_into(model)
+    model.eval()
+    valid, rng = data.valid_set, np.random.default_rng(0)
+    print(f"{'task':<22} {'windows':>7} {'block':>6} {'const':>6} {'goal':>6} {'const':>6}")
+    for task in sorted(set(valid.tasks)):
+        rows = np.flatnonzero([valid.tasks[d] == task for d, _ in valid.index])
+        rows = rng.choice(rows, min(windows, len(rows)), replace=False)
+        batch = torch.utils.data.default_collate([valid[int(i)] for i in rows])
+        with torch.no_grad():
+            emb = model.embed_steps(batch["image"], batch["proprio"], model.instruction_context(batch["instruction"]))
+        where = emb.where[:, -1, 0]  # (B, M, 2): the last step, front camera
+        cells = []
+        for k in range(batch["keypoint_targets"].shape[2]):  # the named block, then its goal
+            target = batch["keypoint_targets"][:, -1, k]  # (B, 2)
+            error = (where - target[:, None]).norm(dim=-1).mean(0).min()  # the best keypoint's mean distance
+            cells += [float(error), float((target - target.mean(0)).norm(dim=-1).mean())]
+        print(f"{task:<22} {len(rows):>7} " + " ".join(f"{c:>6.3f}" for c in cells), flush=True)
+
+
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     parser.add_argument("--data", required=True, help="an HDF5 file recorded by vla-collect (it has object_px)")
     parser.add_argument("--config", default="configs/real.yaml", help="training preset")
+    parser.add_argument("--checkpoint", default="", help="measure this trained run per task instead of training")
+    parser.add_argument("--windows", type=int, default=512, help="validation windows a task (with --checkpoint)")
     parser.add_argument("--steps", type=int, default=500, help="optimizer steps")
     parser.add_argument("--every", type=int, default=100, help="steps between measurements")
     parser.add_argument("overrides", nargs="*", help="config overrides, key=value")
     args = parser.parse_args(argv)
+    if args.checkpoint:
+        per_task(args.checkpoint, args.data, args.windows)
+        return 0
 
     # object_px rides along in the batches for the measurement; it is removed before the loss
     cfg = load_config(args.config, [*args.overrides, f"train.steps={args.steps}"])
