@@ -60,10 +60,13 @@ def test_round_trip_lossless_is_exact(tiny_dataset, lossless, tmp_path):
     assert _compare(tiny_dataset, back) == (0, 0.0)
 
 
-def test_round_trip_default_codec_within_codec_error(tiny_dataset, tmp_path):
+def test_round_trip_default_codec_within_codec_error(tiny_dataset, tmp_path, capsys):
     out = tmp_path / "lr"
-    r = convert(tiny_dataset, out, quiet=True)
+    r = convert(tiny_dataset, out)
     assert r["frames_per_s"] > 0 and r["episodes"] == 16
+    assert "--codec lossless keeps every pixel" in capsys.readouterr().err  # tiny frames, lossy video: a note
+    convert(tiny_dataset, tmp_path / "exact", codec="lossless")
+    assert "note:" not in capsys.readouterr().err
     back = tmp_path / "back.hdf5"
     convert(out, back, quiet=True)
     worst, mean = _compare(tiny_dataset, back)

@@ -28,6 +28,10 @@ from vla.data.lerobot_format import IMAGES, STATE, lerobot_fps
 from vla.data.lerobot_writer import LeRobotEpisode, LeRobotWriter, new_dataset_dir
 from vla.data.sources import EpisodeSource, HDF5Source, LeRobotSource, open_source
 
+# Frames smaller than this get a note when written as lossy video: a block a few pixels wide is then one or two
+# chroma samples, and the label-free recipe lost most of PickPlace and Stack to it at 64 px (docs/data.md).
+SMALL_FRAME = 128
+
 HDF5_SUFFIXES = (".hdf5", ".h5")
 
 
@@ -78,6 +82,13 @@ def to_lerobot(
     t0 = time.perf_counter()
     with new_dataset_dir(dst, force=force) as tmp:
         writer = LeRobotWriter(tmp, fps, codec, robot_type=env_args.get("type") or src.layout, vla=vla_info)
+        side = min(src.read(names[0], images=True).image.shape[1:3])
+        if writer.codec != "lossless" and side < SMALL_FRAME and not quiet:
+            print(
+                f"note: {writer.codec} video of {side}-pixel frames changes the colours of objects a few pixels wide "
+                "(4:2:0 chroma); --codec lossless keeps every pixel (docs/data.md)",
+                file=sys.stderr,
+            )
         bar = _progress(frames, f"convert -> {dst.name}", quiet)
         for name in names:
             demo = src.read(name, images=True)
