@@ -82,7 +82,7 @@ def to_lerobot(
     t0 = time.perf_counter()
     with new_dataset_dir(dst, force=force) as tmp:
         writer = LeRobotWriter(tmp, fps, codec, robot_type=env_args.get("type") or src.layout, vla=vla_info)
-        side = min(src.read(names[0], images=True).image.shape[1:3])
+        side = min(src.frames(names[0], 0, 1).shape[1:3])  # one frame: (1, H, W, 3)
         if writer.codec != "lossless" and side < SMALL_FRAME and not quiet:
             print(
                 f"note: {writer.codec} video of {side}-pixel frames changes the colours of objects a few pixels wide "
