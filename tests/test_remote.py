@@ -146,6 +146,7 @@ def test_a_server_killed_mid_episode_ends_in_the_safe_stop_and_a_restarted_one_s
         report = tmp_path / "deploy.json"
         r = run_main("vla.cli.deploy",
                      "--server", second.url, "--task", "push", "--seconds", 20, "--strategy", "chunk",
+                     "--hz", 5, "--budget-ms", 200,  # slow ticks: a loaded machine misses no 3 before the kill
                      "--max-consecutive-misses", 3, "--json", report, "--quiet")  # fmt: skip
         killer.join(60)
     assert r.returncode == 3, r.stderr
