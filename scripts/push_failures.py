@@ -12,12 +12,14 @@ simulator's block positions (read here only to measure; no policy sees them):
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
 import torch
 
 from envs import make_env
 from vla import load_policy
+from vla.checkpoint import CheckpointError
 
 MOVED_M = 0.01  # a block that moved less than this was not pushed
 
@@ -65,7 +67,11 @@ def main() -> None:
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
 
-    policy = load_policy(args.checkpoint)
+    try:
+        policy = load_policy(args.checkpoint)
+    except CheckpointError as e:  # a wrong path or a damaged run: one line, exit 2 (as the vla-* commands)
+        print(f"push_failures: {e}", file=sys.stderr)
+        sys.exit(2)
     env = make_env("tabletop/Push-v0", wrist_camera=args.wrist_camera)
     episodes = []
     for seed in range(args.seed, args.seed + args.episodes):

@@ -52,3 +52,15 @@ def test_kinds():
     assert push_failures.kind({**base, "named_moved": 0.05, "other_moved": 0.0}) == "off target"
     assert push_failures.kind({**base, "named_moved": 0.0, "other_moved": 0.04}) == "wrong block"
     assert push_failures.kind({**base, "named_moved": 0.002, "other_moved": 0.001}) == "untouched"
+
+
+def test_a_missing_checkpoint_is_one_line_and_exit_2(tmp_path):
+    import subprocess
+    import sys
+
+    script = Path(__file__).parents[1] / "scripts" / "push_failures.py"
+    result = subprocess.run(
+        [sys.executable, str(script), "--checkpoint", str(tmp_path / "nope")], capture_output=True, text=True
+    )
+    assert result.returncode == 2
+    assert result.stderr.strip().count("\n") == 0 and "not a checkpoint directory" in result.stderr
