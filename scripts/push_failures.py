@@ -11,7 +11,6 @@ simulator's block positions (read here only to measure; no policy sees them):
 
 from __future__ import annotations
 
-import argparse
 import sys
 
 import numpy as np
@@ -19,7 +18,7 @@ import torch
 
 from envs import make_env
 from vla import load_policy
-from vla.checkpoint import CheckpointError
+from vla.cli.common import Parser, run
 
 MOVED_M = 0.01  # a block that moved less than this was not pushed
 
@@ -58,7 +57,7 @@ def kind(episode: dict) -> str:
 
 
 def main() -> None:
-    parser = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    parser = Parser(prog="push_failures", description=__doc__.split("\n\n")[0])
     parser.add_argument("--checkpoint", required=True, help="a run directory trained by vla-train")
     parser.add_argument("--episodes", type=int, default=50, help="Push episodes")
     parser.add_argument("--seed", type=int, default=100000, help="first seed (vla-eval's default)")
@@ -66,12 +65,11 @@ def main() -> None:
     parser.add_argument("--threads", type=int, default=1, help="torch threads")
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
+    sys.exit(run(parser.prog, lambda: report(args)))  # bad input (checkpoint, GL): one line, exit 2
 
-    try:
-        policy = load_policy(args.checkpoint)
-    except CheckpointError as e:  # a wrong path or a damaged run: one line, exit 2 (as the vla-* commands)
-        print(f"push_failures: {e}", file=sys.stderr)
-        sys.exit(2)
+
+def report(args) -> None:
+    policy = load_policy(args.checkpoint)
     env = make_env("tabletop/Push-v0", wrist_camera=args.wrist_camera)
     episodes = []
     for seed in range(args.seed, args.seed + args.episodes):
