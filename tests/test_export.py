@@ -21,11 +21,12 @@ from vla.policy.torch_policy import torch_policy
 TOL = 1e-4
 
 
-def demo_like(tiny_checkpoint, **overrides) -> Policy:
+def demo_like(tiny_checkpoint, keypoint_targets: bool = True, **overrides) -> Policy:
     """The demo architecture (conv stem + FiLM + keypoints + aux feed, relative time) at test size, on the
-    tiny checkpoint's tokenizers and data sizes (untrained: parity is about the arithmetic, not skill)."""
+    tiny checkpoint's tokenizers and data sizes (untrained: parity is about the arithmetic, not skill).
+    keypoint_targets=False: the label-free keypoint net and auxiliary head (configs/real.yaml)."""
     base = load_policy(tiny_checkpoint, device="cpu")
-    spec = DataSpec(**{**vars(base.spec), "aux_dim": 6})
+    spec = DataSpec(**{**vars(base.spec), "aux_dim": 6, "keypoint_targets": keypoint_targets})
     cfg = ModelConfig(d_model=32, n_layer=2, n_head=2, d_ff=64, window=3, chunk=2, conv_channels=4,
                       keypoints=4, keypoint_channels=8, action_bins=base.cfg.action_bins, instruction_len=12,
                       **overrides)  # fmt: skip
@@ -38,10 +39,11 @@ def demo_like(tiny_checkpoint, **overrides) -> Policy:
     return torch_policy(model, base.tok, base.meta)
 
 
-def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint):
+@pytest.mark.parametrize("keypoint_targets", [True, False], ids=["demo", "label-free"])
+def test_graphs_compute_what_start_and_step_compute(tiny_checkpoint, keypoint_targets):
     """The export wrappers, run in torch with the runtime's ring bookkeeping (OnnxStreamer's), give
     model.step's logits and KV cache over an episode longer than the window (eviction included)."""
-    model = demo_like(tiny_checkpoint).model
+    model = demo_like(tiny_checkpoint, keypoint_targets).model
     spec, rng = model.spec, np.random.default_rng(0)
     L, K, S = model.cfg.instruction_len, model.cfg.window, model.layout.tokens_per_step
     ids = torch.tensor([[1, 258, 259, 260, 2, 0, 0, 0, 0, 0, 0, 0]])  # <bos>, words, a byte, padding

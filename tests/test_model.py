@@ -27,7 +27,9 @@ TINY = dict(
     n_head=2,
     d_ff=64,
 )
-TINY_SPEC = dict(image_size=16, proprio_dim=3, action_dim=2, vocab_size=40, n_cameras=1, aux_dim=0)
+TINY_SPEC = dict(
+    image_size=16, proprio_dim=3, action_dim=2, vocab_size=40, n_cameras=1, aux_dim=0, keypoint_targets=False
+)
 
 
 @pytest.fixture(autouse=True, scope="module")
@@ -251,6 +253,28 @@ def test_keypoint_tokens_locate_and_train_through_the_auxiliary_loss():
     assert grad is not None and grad.abs().sum() > 0  # the localization signal reaches the keypoint net
 
 
+@pytest.mark.parametrize("keypoint_targets", [True, False])
+def test_what_trains_the_keypoint_maps_picks_their_net(keypoint_targets):
+    """With heat-map targets the keypoint net also sees coordinate channels and its auxiliary head reads
+    keypoints and proprio only; without them it sees colours only (a flat image gives a flat map away from
+    the padded border) and the head also reads the instruction's conditioning."""
+    model = make_model(patch_embed="conv", keypoints=4, film=True, aux_dim=6, keypoint_targets=keypoint_targets)
+    batch = make_batch(dims(model))
+    batch["image"][:] = 128  # one colour everywhere
+    context = model.instruction_context(batch["instruction"])
+    with torch.no_grad():
+        heat = model.patch_embed(batch["image"], context).heat  # (B, T, C, M, h*w), softmax weights
+    h = dims(model).keypoint_grid
+    inner = heat.unflatten(-1, (h, h))[..., 2:-2, 2:-2]  # beyond the two convs' reach of the zero padding
+    spread = (inner.amax((-2, -1)) - inner.amin((-2, -1))).max()
+    assert (spread > 1e-4) if keypoint_targets else (spread < 1e-6), spread
+    batch["aux"] = torch.randn(*batch["timestep"].shape, 6)
+    model(batch)["aux_loss"].backward()
+    reads_film = model.patch_embed.kp_film[0].weight.grad.abs().sum() > 0
+    head_in = model.aux_head[0].in_features - 2 * 4 - dims(model).proprio_dim  # beyond keypoints + proprio
+    assert (head_in == 0) == keypoint_targets and reads_film  # the keypoints themselves train either way
+
+
 def test_film_stem_reads_the_instruction():
     """With FiLM, the patch features themselves depend on the instruction (not only later attention)."""
     model = make_model(patch_embed="conv", film=True)
@@ -465,10 +489,12 @@ def _two_squares(
 
 
 @pytest.mark.slow
-def test_keypoint_targets_teach_an_instruction_conditioned_keypoint():
+@pytest.mark.parametrize("keypoint_targets", [True, False], ids=["supervised-net", "label-free-net"])
+def test_keypoint_targets_teach_an_instruction_conditioned_keypoint(keypoint_targets):
     """The heat-map loss makes keypoint 0 follow whichever square the instruction names: after a short
-    training it lands on the named square, and renaming the other square moves it there."""
-    model = make_model(window=1).train()
+    training it lands on the named square, and renaming the other square moves it there. Either keypoint
+    net (the one a spec with keypoint targets builds, and the label-free one) learns it."""
+    model = make_model(window=1, keypoint_targets=keypoint_targets).train()
     cfg = dims(model)
     opt = torch.optim.Adam(model.parameters(), lr=3e-3)
     g = torch.Generator().manual_seed(0)

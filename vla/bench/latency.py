@@ -64,8 +64,11 @@ from vla.model.card import model_card
 from vla.policy.config import BACKENDS
 
 # The data of our tabletop tasks: 64x64 frames, 9 proprio values, 4 action dims, the named block's and its
-# goal's positions as auxiliary targets (6); the vocabulary size does not change the step's cost.
-TABLETOP = DataSpec(image_size=64, proprio_dim=9, action_dim=4, vocab_size=64, n_cameras=1, aux_dim=6)
+# goal's positions as auxiliary targets (6) and their image positions as keypoint targets; the vocabulary size
+# does not change the step's cost.
+TABLETOP = DataSpec(
+    image_size=64, proprio_dim=9, action_dim=4, vocab_size=64, n_cameras=1, aux_dim=6, keypoint_targets=True
+)
 # How a streaming step can run: torch eager (`ActionTransformer.step`), and the exported step graph
 # (vla/export/graphs.py) on onnxruntime in fp32 and dynamically quantized to int8.
 

@@ -72,7 +72,9 @@ def _time_steps(step_fn, warmup: int, steps: int) -> float:
 
 
 def measure_ours(cfg: TrainConfig, batch_size: int, warmup: int, steps: int) -> dict:
-    spec = dataclasses.replace(TABLETOP, aux_dim=TABLETOP.aux_dim if cfg.data.aux_key else 0)
+    spec = dataclasses.replace(
+        TABLETOP, aux_dim=TABLETOP.aux_dim if cfg.data.aux_key else 0, keypoint_targets=bool(cfg.data.keypoint_key)
+    )
     model = ActionTransformer(cfg.model, spec)
     opt = torch.optim.AdamW(model.optim_groups(cfg.optim.weight_decay), lr=1e-4)
     gen = torch.Generator().manual_seed(0)

@@ -56,7 +56,8 @@ def _vision_flops(cfg: ModelConfig, lay: TokenLayout, n_frames: int) -> int:
             c_in = c_out
     if cfg.keypoints:  # the spatial-softmax keypoint network, at half resolution
         h, c, M = lay.keypoint_grid, cfg.keypoint_channels, cfg.keypoints
-        per_image += _conv(h, 3 + 2, c, 3) + _conv(h, c, c, 3) + _conv(h, c, M, 1)  # stride-2 3x3, 3x3, 1x1
+        c_in = 3 + 2 * lay.spec.keypoint_targets  # colours [+ coordinates]
+        per_image += _conv(h, c_in, c, 3) + _conv(h, c, c, 3) + _conv(h, c, M, 1)  # stride-2 3x3, 3x3, 1x1
         if cfg.film:
             per_image += _linear(M, c, h * h)  # heat += <pixel features, instruction query> per map
         per_image += _linear(M, h * h, 2) + _linear(M, 3, d)  # soft-argmax coordinates, (x, y, strength) -> d
@@ -67,12 +68,25 @@ def _step_embed_flops(cfg: ModelConfig, lay: TokenLayout, n_steps: int, training
     """FLOPs of `embed_steps` over n_steps steps: vision, proprio, the auxiliary readout."""
     d, spec = cfg.d_model, lay.spec
     per_step = _linear(1, spec.proprio_dim, d)
-    if spec.aux_dim and cfg.keypoints:  # the auxiliary MLP reads keypoint coordinates + proprio
+    if spec.aux_dim and cfg.keypoints:  # the auxiliary MLP reads keypoint coordinates + proprio [+ FiLM]
         aux_in = 2 * spec.n_cameras * cfg.keypoints + spec.proprio_dim
+        if cfg.film and not spec.keypoint_targets:
+            aux_in += _film_width(cfg)
         per_step += _linear(1, aux_in, d) + _linear(1, d, spec.aux_dim)
     if lay.feeds_aux:
         per_step += _linear(1, spec.aux_dim, d)
     return _vision_flops(cfg, lay, n_steps) + n_steps * per_step
+
+
+def _film_width(cfg: ModelConfig) -> int:
+    """Entries of the instruction's conditioning (`Film.flat`): the stem's and keypoint net's [scale | shift]
+    and the keypoint queries."""
+    n_stages = cfg.patch_size.bit_length() - 1
+    stem = cfg.patch_embed == "conv" and not cfg.vision_encoder
+    width = sum(2 * cfg.conv_channels * 2**i for i in range(n_stages - 1)) if stem else 0
+    if cfg.keypoints:
+        width += 2 * 2 * cfg.keypoint_channels + cfg.keypoints * cfg.keypoint_channels
+    return width
 
 
 def _film_context_flops(cfg: ModelConfig) -> int:

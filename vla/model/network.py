@@ -98,10 +98,14 @@ class ActionTransformer(Streaming, nn.Module):
         # The auxiliary readout of privileged state (where the named object and its goal are): a dense
         # localization signal that reaches the keypoint network directly. Not a linear map: from a front
         # camera a lifted block's image row mixes its depth with its height, and only the proprio (gripper
-        # closed, hand raised) tells which. It also reads the instruction's conditioning (what each keypoint
-        # was asked to look for): which of the things found the hand will grasp depends on the task and colours.
+        # closed, hand raised) tells which. Without heat-map targets it also reads the instruction's
+        # conditioning (what each keypoint was asked to look for): no keypoint then has a fixed meaning, and
+        # which of the things found the hand will grasp depends on the task and colours. With them each has
+        # one, and that input's gradient into the FiLM layers cost Meta-World's small-object tasks.
+        self.aux_reads_context = not spec.keypoint_targets
         aux_in = 2 * spec.n_cameras * cfg.keypoints + spec.proprio_dim
-        aux_in += sum(layer.out_features for layer in self.patch_embed._conditioned())
+        if self.aux_reads_context:
+            aux_in += sum(layer.out_features for layer in self.patch_embed._conditioned())
         self.aux_head = None
         if spec.aux_dim:
             self.aux_head = nn.Sequential(nn.Linear(aux_in, d), nn.GELU(), nn.Linear(d, spec.aux_dim))
@@ -198,7 +202,7 @@ class ActionTransformer(Streaming, nn.Module):
         aux_pred = None
         if self.aux_head is not None:
             feats = [vision.where.reshape(B, T, -1), proprio.to(vision.where.dtype)]  # (B, T, 2CM), (B, T, P)
-            if context is not None:
+            if context is not None and self.aux_reads_context:
                 feats.append(context.flat()[:, None].expand(B, T, -1).to(vision.where.dtype))  # (B, F) -> (B, T, F)
             aux_pred = self.aux_head(torch.cat(feats, -1))  # (B, T, 2CM + P [+ F]) -> (B, T, aux_dim)
         prop = self.proprio_embed(proprio.to(vision.tokens.dtype))  # (B, T, d)

@@ -114,12 +114,17 @@ class PatchEmbed(nn.Module):
             # net at half resolution gives M heat maps; each map's softmax-weighted pixel coordinates are
             # where "its" thing is, to a fraction of a pixel. A 16-pixel patch token cannot say where in
             # the patch a 5-pixel block sits; a keypoint token says it directly.
-            # The keypoint net sees colours only, no coordinate channels: translation-equivariant maps must
-            # find a thing by its look. Given coordinates, a map trained from the action loss alone falls onto
-            # a fixed spot (a linear ramp in the coordinates) and stops learning: its softmax saturates.
+            # What the keypoint net sees depends on what trains its maps. With heat-map targets (the
+            # simulator's object pixels) it sees colours and coordinate channels: the targets put each peak
+            # on its object, and the coordinates tell look-alikes apart (Meta-World's red arm and red puck).
+            # Without them it sees colours only, and each map is standardized (see `keypoints`): given
+            # coordinates, a map trained from the action and waypoint losses alone falls onto a fixed spot
+            # (a linear ramp in the coordinates) and stops learning. docs/metaworld.md has both measured.
+            self.kp_coords_in = layout.spec.keypoint_targets
             c, M = cfg.keypoint_channels, cfg.keypoints
+            c_in = 3 + 2 * self.kp_coords_in
             self.kp_convs = nn.ModuleList(
-                [nn.Conv2d(3, c, 3, stride=2, padding=1), nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, M, 1)]
+                [nn.Conv2d(c_in, c, 3, stride=2, padding=1), nn.Conv2d(c, c, 3, padding=1), nn.Conv2d(c, M, 1)]
             )
             # With `film` the maps are conditioned on the instruction, so a keypoint can follow "the
             # named block" rather than "the red thing": the transformer then reads it at a fixed slot.
@@ -128,7 +133,8 @@ class PatchEmbed(nn.Module):
             # feature space, a bilinear link that supervised keypoints learn in a few hundred steps.
             self.kp_film = nn.ModuleList([nn.Linear(2 * d, 2 * c) for _ in range(2)]) if cfg.film else None
             self.kp_query = nn.Linear(2 * d, M * c) if cfg.film else None
-            self.kp_sharpness = nn.Parameter(torch.tensor(math.log(2.0)))  # log inverse softmax temperature
+            sharpness = 20.0 if self.kp_coords_in else 2.0  # raw maps vs standardized ones (unit spread)
+            self.kp_sharpness = nn.Parameter(torch.tensor(math.log(sharpness)))  # log inverse softmax temperature
             self.kp_proj = nn.Linear(3, d)  # (x, y, strength) -> d
             self.kp_id = nn.Parameter(torch.zeros(M, d))  # which keypoint a token is
             h = layout.keypoint_grid
@@ -177,8 +183,9 @@ class PatchEmbed(nn.Module):
         return Film(parts[: len(stem)], parts[len(stem) : len(stem) + len(kp)], parts[-1] if query else None)
 
     def keypoints(self, x: torch.Tensor, films: list, query: torch.Tensor | None):
-        """(N, 3, H, W) pixels -> keypoint tokens (N, M, d), coordinates (N, M, 2) and heat maps (N, M, h*w).
-        films / query from `condition` (B rows) condition the maps (N = B * steps * cameras); [] / None: none."""
+        """(N, 3 [+ 2 coordinates], H, W) pixels -> keypoint tokens (N, M, d), coordinates (N, M, 2) and heat
+        maps (N, M, h*w). films / query from `condition` (B rows) condition the maps (N = B * steps *
+        cameras); [] / None: none."""
         for conv, film in zip(self.kp_convs[:-1], films or [None] * (len(self.kp_convs) - 1), strict=True):
             x = film_gelu(conv(x), film)  # (N, c, h, w)
         heat = self.kp_convs[-1](x).flatten(2)  # (N, M, h*w)
@@ -187,10 +194,11 @@ class PatchEmbed(nn.Module):
             q = _per_image(query.view(-1, M, c), x.shape[0])  # (N, M, c), already scaled by 1/sqrt(c)
             # a batched matmul, not einsum: onnxruntime's Einsum kernel took ~80 us for this 0.5 MFLOP product
             heat = heat + q @ x.flatten(2)  # (N, M, h*w)
-        # Each map standardized over its pixels, so only the learned sharpness sets how peaked it is: left
-        # free, the maps' scale grows in the first hundred steps, the softmax saturates on whatever it first
-        # fell on, and the action loss alone can no longer move it to the named object.
-        heat = (heat - heat.mean(-1, keepdim=True)) / (heat.std(-1, keepdim=True) + 1e-5)  # (N, M, h*w)
+        # Without heat-map targets each map is standardized over its pixels, so only the learned sharpness
+        # sets how peaked it is: left free, the maps' scale grows in the first hundred steps, the softmax
+        # saturates on whatever it first fell on, and the action loss alone can no longer move it.
+        if not self.kp_coords_in:
+            heat = (heat - heat.mean(-1, keepdim=True)) / (heat.std(-1, keepdim=True) + 1e-5)  # (N, M, h*w)
         att = (heat * self.kp_sharpness.exp()).softmax(-1)  # (N, M, h*w)
         where = att @ self.kp_coords.to(att.dtype)  # (N, M, 2): expected (y, x) in [-1, 1]
         strength = (att * heat).sum(-1, keepdim=True)  # (N, M, 1): how strongly the map fired there
@@ -229,7 +237,8 @@ class PatchEmbed(nn.Module):
         tokens = self.patches(x, pix, stem_films)  # (B, T, C, g*g, d)
         where = heat = None
         if self.cfg.keypoints:
-            kp, where, heat = self.keypoints(pix[:, :3], kp_films, query)  # (N, M, d), (N, M, 2), (N, M, h*w)
+            kp_in = pix if self.kp_coords_in else pix[:, :3]  # (N, 5 or 3, H, W)
+            kp, where, heat = self.keypoints(kp_in, kp_films, query)  # (N, M, d), (N, M, 2), (N, M, h*w)
             kp = rearrange(kp, "(b t c) m d -> b t c m d", b=B, t=T)  # (B, T, C, M, d)
             tokens = torch.cat([tokens, kp], dim=3)  # (B, T, C, g*g + M, d)
             where = where.view(B, T, C, *where.shape[1:])  # (B, T, C, M, 2)

@@ -114,6 +114,7 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
         action_dim=tokenizers.action.action_dim,
         vocab_size=tokenizers.text.vocab_size,
         aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
+        keypoint_targets="keypoint_targets" in sample,
         text_fingerprint=tokenizers.text_fingerprint,
     )
     fingerprint = data_fingerprint(source, cfg.data.train_split, keys)
