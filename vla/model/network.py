@@ -101,7 +101,8 @@ class ActionTransformer(Streaming, nn.Module):
         # closed, hand raised) tells which. Without heat-map targets it also reads the instruction's
         # conditioning (what each keypoint was asked to look for): no keypoint then has a fixed meaning, and
         # which of the things found the hand will grasp depends on the task and colours. With them each has
-        # one, and that input's gradient into the FiLM layers cost Meta-World's small-object tasks.
+        # one, and that input, even detached from the FiLM layers, cost Meta-World's small-object tasks
+        # (docs/label_free.md, session 7).
         self.aux_reads_context = not spec.keypoint_targets
         aux_in = 2 * spec.n_cameras * cfg.keypoints + spec.proprio_dim
         if self.aux_reads_context:
