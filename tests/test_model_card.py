@@ -30,6 +30,7 @@ def ablation(name: str, **extra) -> ModelConfig:
 
 CONFIGS = {
     "demo": lambda: ModelConfig(),
+    "demo, keypoint targets": lambda: ModelConfig(),
     "demo K=8": lambda: ModelConfig(window=8),
     "linear_patches": lambda: ablation("linear_patches"),
     "two cameras, chunk 1, no aux": lambda: ModelConfig(chunk=1, aux_feed=False),
@@ -83,6 +84,7 @@ def test_card_flops_agree_with_flop_counter(name):
     cfg = CONFIGS[name]()
     spec = replace(SPEC, n_cameras=2, aux_dim=0) if "two cameras" in name else SPEC
     spec = replace(spec, aux_dim=0) if name == "linear_patches" else spec  # no keypoints: no auxiliary head
+    spec = replace(spec, keypoint_targets=True) if "keypoint targets" in name else spec  # the other keypoint net
     card = model_card(cfg, spec)["flops"]
     for key, value in count_passes(cfg, spec).items():
         assert value > 0

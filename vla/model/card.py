@@ -91,16 +91,10 @@ def _film_width(cfg: ModelConfig) -> int:
 
 def _film_context_flops(cfg: ModelConfig) -> int:
     """FLOPs of `instruction_context`: two attention pools over the instruction (scores, weighted sums),
-    then the stem's FiLM scales and shifts, the keypoint net's and the keypoint queries from the summary."""
+    then every FiLM scale / shift and keypoint query (`_film_width` of them) from the summary (2d)."""
     if not cfg.film:
         return 0
-    d, n_stages = cfg.d_model, cfg.patch_size.bit_length() - 1
-    flops = 2 * _linear(cfg.instruction_len, d, 2)
-    flops += sum(_linear(1, 2 * d, 2 * cfg.conv_channels * 2**i) for i in range(n_stages - 1))  # the stem's
-    if cfg.keypoints:
-        c = cfg.keypoint_channels
-        flops += 2 * _linear(1, 2 * d, 2 * c) + _linear(1, 2 * d, cfg.keypoints * c)  # two FiLMs + the queries
-    return flops
+    return 2 * _linear(cfg.instruction_len, cfg.d_model, 2) + _linear(1, 2 * cfg.d_model, _film_width(cfg))
 
 
 def _trunk_flops(cfg: ModelConfig, n: int, n_keys: int, rows: int) -> int:
