@@ -17,6 +17,7 @@ object (image half-widths) beside a constant guess's; gradient norms of the keyp
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import time
 
 import numpy as np
@@ -53,7 +54,9 @@ def per_task(run: str, data_path: str, windows: int) -> None:
     cfg = from_dict(TrainConfig, ckpt.meta["config"])  # the run's own config
     cfg = apply_overrides(cfg, ["data.keypoint_key=object_px", "data.preload=false"])
     cfg, data = prepare_data(cfg, data_path, ckpt, None)
-    model = ActionTransformer(cfg.model, data.spec)
+    # object_px rides along only to measure: the net is the one the run trained (keypoint targets or not)
+    spec = dataclasses.replace(data.spec, keypoint_targets=ckpt.meta["data_spec"]["keypoint_targets"])
+    model = ActionTransformer(cfg.model, spec)
     ckpt.load_into(model)
     model.eval()
     valid, rng = data.valid_set, np.random.default_rng(0)
@@ -93,7 +96,8 @@ def main(argv=None) -> int:
     cfg = load_config(args.config, [*args.overrides, f"train.steps={args.steps}", "data.keypoint_key=object_px"])
     device, _ = setup_processes(cfg)
     cfg, data = prepare_data(cfg, args.data, None, None)
-    model = ActionTransformer(cfg.model, data.spec).to(device)
+    spec = dataclasses.replace(data.spec, keypoint_targets=trains_on_pixels)  # the net that recipe trains
+    model = ActionTransformer(cfg.model, spec).to(device)
     optimizer, schedule = build_optimizer(model, cfg, device)
     stream = batches(data.train_set, cfg.train.batch_size, cfg.train.seed, 0, 1, 0, 0, False)
     pe = model.patch_embed
