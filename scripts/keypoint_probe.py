@@ -25,7 +25,7 @@ import torch
 
 from vla.checkpoint import load_checkpoint
 from vla.config import from_dict
-from vla.model import ActionTransformer
+from vla.model import ActionTransformer, DataSpec
 from vla.training.config import TrainConfig, apply_overrides, load_config
 from vla.training.train import batches, build_optimizer, prepare_data, setup_processes, total_loss
 
@@ -54,9 +54,8 @@ def per_task(run: str, data_path: str, windows: int) -> None:
     cfg = from_dict(TrainConfig, ckpt.meta["config"])  # the run's own config
     cfg = apply_overrides(cfg, ["data.keypoint_key=object_px", "data.preload=false"])
     cfg, data = prepare_data(cfg, data_path, ckpt, None)
-    # object_px rides along only to measure: the net is the one the run trained (keypoint targets or not)
-    spec = dataclasses.replace(data.spec, keypoint_targets=ckpt.meta["data_spec"]["keypoint_targets"])
-    model = ActionTransformer(cfg.model, spec)
+    # object_px rides along only to measure: the net is the one the run recorded (keypoint targets or not)
+    model = ActionTransformer(cfg.model, from_dict(DataSpec, ckpt.meta["data_spec"], "data_spec"))
     ckpt.load_into(model)
     model.eval()
     valid, rng = data.valid_set, np.random.default_rng(0)

@@ -102,7 +102,8 @@ class ActionTransformer(Streaming, nn.Module):
         # conditioning (what each keypoint was asked to look for): no keypoint then has a fixed meaning, and
         # which of the things found the hand will grasp depends on the task and colours. With them each has
         # one, and that input, even detached from the FiLM layers, cost Meta-World's small-object tasks
-        # (docs/label_free.md, session 7).
+        # (docs/label_free.md, session 7). For label-free runs it measured neither better nor worse than the
+        # head without it (session 8); kept, so their checkpoints and published figures stay what they were.
         self.aux_reads_context = not spec.keypoint_targets
         aux_in = 2 * spec.n_cameras * cfg.keypoints + spec.proprio_dim
         if self.aux_reads_context:
