@@ -2,7 +2,7 @@
 is from where the object really is in the image (the collector's `object_px`, read here only to measure:
 with `data.keypoint_key=""` the training never sees it).
 
-    python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 --config configs/real.yaml
+    python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 data.moved_object_targets=false
     python scripts/keypoint_probe.py --data data/reach.hdf5 --steps 500 data.aux_key=object data.keypoint_key=
     python scripts/keypoint_probe.py --data data/demo.hdf5 --checkpoint runs/real9   # a trained run, per task
 
@@ -52,7 +52,7 @@ def per_task(run: str, data_path: str, windows: int) -> None:
     """The trained run's keypoints against the recorded object_px, task by task (validation windows)."""
     ckpt = load_checkpoint(run)
     cfg = from_dict(TrainConfig, ckpt.meta["config"])  # the run's own config
-    cfg = apply_overrides(cfg, ["data.keypoint_key=object_px", "data.preload=false"])
+    cfg = apply_overrides(cfg, ["data.keypoint_key=object_px", "data.moved_object_targets=false", "data.preload=false"])
     cfg, data = prepare_data(cfg, data_path, ckpt, None)
     # object_px rides along only to measure: the net is the one the run recorded (keypoint targets or not)
     model = ActionTransformer(cfg.model, from_dict(DataSpec, ckpt.meta["data_spec"], "data_spec"))
@@ -92,6 +92,8 @@ def main(argv=None) -> int:
     # object_px rides along in the batches for the measurement; it is removed before the loss
     cfg = load_config(args.config, [*args.overrides, f"train.steps={args.steps}"])
     trains_on_pixels = bool(cfg.data.keypoint_key)
+    if cfg.data.moved_object_targets:  # its batches would carry those targets, not object_px to measure with
+        parser.error("data.moved_object_targets=true: train the run with vla-train, then measure it with --checkpoint")
     cfg = load_config(args.config, [*args.overrides, f"train.steps={args.steps}", "data.keypoint_key=object_px"])
     device, _ = setup_processes(cfg)
     cfg, data = prepare_data(cfg, args.data, None, None)

@@ -21,6 +21,7 @@ import numpy as np
 import torch
 from torch.utils.data import Dataset
 
+from vla.data import moved_object
 from vla.data.hdf5_format import DatasetError, ObsKeys
 from vla.data.sources import EpisodeSource, open_source
 from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
@@ -87,6 +88,7 @@ def data_fingerprint(path: str | os.PathLike | EpisodeSource, split: str, keys: 
 
 
 _INSTRUCTION_STREAM = 0x1A46  # keeps the augmentation's generators apart from the sampler's ([seed, epoch])
+_MOVED_OBJECT_STREAM = 0x5CE7  # ... and the draw of the frames the empty scene is the median of
 
 
 def _left_pad(steps: np.ndarray, K: int) -> torch.Tensor:
@@ -116,6 +118,7 @@ class WindowDataset(Dataset):
         waypoints: bool = False,
         gripper_dim: int = -1,
         waypoint_dims: list[int] | None = None,
+        moved_object: bool = False,
     ):
         self.waypoint_dims = list(waypoint_dims or [])
         self.source = _source(path, keys)
@@ -155,6 +158,8 @@ class WindowDataset(Dataset):
         self.images = [self._read_frames(n) for n in self.names] if preload else None
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
+        if moved_object:
+            self.keypoint_targets = self._moved_object_targets(lengths)
         # (demo index, last step of the window) for every step of every demo.
         self.index = np.array([(d, t) for d, n in enumerate(lengths) for t in range(n)], dtype=np.int64)
         if len(self.index) == 0:
@@ -200,6 +205,23 @@ class WindowDataset(Dataset):
         if px.ndim != 2 or px.shape[1] % 2 or not np.isfinite(px).all():
             raise DatasetError(f"{src.path}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
         return px.reshape(len(px), -1, 2)
+
+    def _moved_object_targets(self, lengths: list[int]) -> list[np.ndarray]:
+        """Per demo (T, 2, 2) float32: where the thing it moves starts (NaN once it has moved) and ends
+        (`vla.data.moved_object`), from the main camera's frames. The empty scene is the median over every demo
+        of the split: measured on Meta-World MT10, one scene per task found its pucks less often."""
+        rng = np.random.default_rng([self.seed, _MOVED_OBJECT_STREAM])
+        one = lambda d, t: self._frames(d, t, t + 1)[0, 0]  # noqa: E731 - (H, W, 3): main camera, step t
+        empty = moved_object.scene(np.stack([one(d, int(rng.integers(n))) for d, n in enumerate(lengths)]))
+        first = np.stack([one(d, 0) for d in range(len(lengths))])  # (E, H, W, 3)
+        last = np.stack([one(d, n - 1) for d, n in enumerate(lengths)])
+        starts = moved_object.start_regions(first, last, empty)
+        ends = moved_object.end_regions(first, last, empty, starts)
+        return [
+            np.full((n, 2, 2), np.nan, np.float32) if start is None  # nothing found: no target at any step
+            else moved_object.moved_object_targets(self._frames(d, 0, n)[:, 0], start, end)
+            for d, (n, start, end) in enumerate(zip(lengths, starts, ends, strict=True))
+        ]  # fmt: skip
 
     def _action_targets(self, actions: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
         """Tokens of actions t .. t+chunk-1, chunk-major: (T, chunk * A) int64, and (T, chunk) bool, True

@@ -117,7 +117,9 @@ class DataSpec:
     vocab_size: int  # instruction vocabulary size (TextTokenizer.vocab_size), tokens
     n_cameras: int = 1  # cameras per step
     aux_dim: int = 0  # auxiliary regression targets per step (privileged positions; 0 = none), training only
-    keypoint_targets: bool = False  # the keypoint maps train against objects' image positions (data.keypoint_key)
+    # the keypoint maps train against objects' recorded image positions (data.keypoint_key), which decides the keypoint
+    # net (vla/model/vision.py); moved-object targets (data.moved_object_targets) leave it False: the label-free net
+    keypoint_targets: bool = False
     text_fingerprint: str = ""  # the text encoder folder the ids come from (text_encoder.fingerprint); "" = words
     vision_fingerprint: str = ""  # the vision encoder folder trained against (vision_encoder.fingerprint); "" = stem
 

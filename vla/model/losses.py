@@ -48,12 +48,16 @@ def keypoint_loss(
 ) -> torch.Tensor:
     """Cross-entropy of the first n heat maps against a Gaussian of one pixel's width around the n target
     points. heat (B, T, n, h*w) softmax over pixels (first camera), coords (h*w, 2) pixel centres,
-    targets (B, T, n, 2) (row, column) in -1..1, step_weight (B, T) -> scalar.
+    targets (B, T, n, 2) (row, column) in -1..1, NaN where a step has no target (moved-object targets once
+    the object has moved: vla/data/moved_object.py), step_weight (B, T) -> scalar.
 
     A dense signal at every pixel, where a coordinate loss only nudges the map's centre of mass:
     keypoints learn to find the named block in minutes, not hours."""
     sigma = 0.8 * 2 / grid  # 0.8 of a heat-map pixel, in -1..1 units
+    known = torch.isfinite(targets).all(-1)  # (B, T, n)
+    targets = torch.where(known[..., None], targets, torch.zeros_like(targets))
     d2 = ((coords.to(heat.dtype) - targets[..., None, :].to(heat.dtype)) ** 2).sum(-1)  # (B, T, n, h*w)
     soft = (-d2 / (2 * sigma**2)).softmax(-1)  # (B, T, n, h*w): the target as a distribution
-    ce = -(soft * heat.float().clamp_min(1e-9).log()).sum(-1).mean(-1)  # (B, T)
-    return (ce * step_weight).sum() / step_weight.sum().clamp(min=1.0)
+    ce = -(soft * heat.float().clamp_min(1e-9).log()).sum(-1)  # (B, T, n)
+    weight = step_weight[..., None] * known  # (B, T, n)
+    return (ce * weight).sum() / weight.sum().clamp(min=1.0)

@@ -41,6 +41,10 @@ class DataConfig:
     # Targets any demonstration holds (vla/data/waypoints.py): where the hand is at the next grasp, the next release
     # and the last step, relative to now, predicted by the auxiliary head from the keypoints.
     waypoint_targets: bool = False
+    # Targets any demonstration's video holds (vla/data/moved_object.py): where the thing it moves starts, found by
+    # comparing its first and last frames with the empty scene, and where it ends: the first two keypoints' heat-map
+    # targets (data.keypoint_key's object_px gives the same two from the simulator).
+    moved_object_targets: bool = False
     gripper_dim: int = -1  # the action dimension that commands the gripper (closed above its range's middle)
     waypoint_dims: list[int] = field(default_factory=lambda: [0, 1, 2])  # proprio dims placing the hand; [] = all
     action_key: str = "expert_actions"  # <demo>/<key> to imitate (DART's clean labels); else "actions"
@@ -55,6 +59,16 @@ class DataConfig:
             )
         if not 0 <= self.instruction_augment <= 1:
             raise ValueError(f"data.instruction_augment={self.instruction_augment} must be a probability in [0, 1]")
+        if self.keypoint_key and self.moved_object_targets:
+            raise ValueError(
+                f"data.keypoint_key={self.keypoint_key!r} and data.moved_object_targets=true both give the first "
+                "keypoints' targets; set data.keypoint_key='' (label-free data) or data.moved_object_targets=false"
+            )
+        if self.moved_object_targets and self.augment_shift:
+            raise ValueError(
+                "data.moved_object_targets=true needs augment_shift: 0 (a shifted frame moves the objects away "
+                "from where the first frame found them)"
+            )
         if self.keypoint_key and self.augment_shift:
             raise ValueError(
                 f"keypoint_key={self.keypoint_key!r} needs augment_shift: 0 (a shifted frame moves the objects "
@@ -136,6 +150,11 @@ class TrainConfig:
             raise ValueError(
                 f"train.delay_aware_max={self.train.delay_aware_max} needs model.committed_actions=true (got "
                 f"{self.model.committed_actions}) and a delay below model.chunk={self.model.chunk}"
+            )
+        if self.data.moved_object_targets and self.model.keypoints < 2:
+            raise ValueError(
+                f"data.moved_object_targets=true needs model.keypoints >= 2 (got {self.model.keypoints}): its two "
+                "targets, the moved object and where it ends, are the first two heat maps'"
             )
         if self.data.keypoint_key and not self.model.keypoints:
             raise ValueError(

@@ -91,6 +91,7 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
             preload=cfg.data.preload, aux_key=cfg.data.aux_key, keypoint_key=cfg.data.keypoint_key,
             instruction_augment=instruction_augment, seed=cfg.train.seed, waypoints=cfg.data.waypoint_targets,
             gripper_dim=cfg.data.gripper_dim, waypoint_dims=cfg.data.waypoint_dims,
+            moved_object=cfg.data.moved_object_targets,
         )  # fmt: skip
 
     train_set = windows(cfg.data.train_split, cfg.data.instruction_augment)  # validation: the demos' own
@@ -114,7 +115,8 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
         action_dim=tokenizers.action.action_dim,
         vocab_size=tokenizers.text.vocab_size,
         aux_dim=sample["aux"].shape[-1] if "aux" in sample else 0,
-        keypoint_targets="keypoint_targets" in sample,
+        # recorded positions only: moved-object targets (data.moved_object_targets) keep the label-free net
+        keypoint_targets=bool(cfg.data.keypoint_key),
         text_fingerprint=tokenizers.text_fingerprint,
     )
     fingerprint = data_fingerprint(source, cfg.data.train_split, keys)

@@ -1,0 +1,147 @@
+"""Moved-object targets: what a demonstration's own video says about where the thing it moves was."""
+
+import h5py
+import numpy as np
+import pytest
+import torch
+
+from vla.data.hdf5_format import ObsKeys
+from vla.data.moved_object import end_regions, largest_region, moved_object_targets, scene, start_regions
+from vla.data.windows import WindowDataset, fit_tokenizers
+from vla.model.losses import keypoint_loss
+from vla.training.config import load_config
+
+SIDE = 32
+
+
+def _demo(rng, block_from, block_to, moves_at, T=6):
+    """(T, SIDE, SIDE, 3) uint8 frames on a grey table: a 4x4 block of a random colour at block_from until step
+    moves_at, then at block_to, on a green 6x6 target there; a dark 3x3 'arm' at a fixed home in the first
+    frame, elsewhere along the top later."""
+    frames = np.full((T, SIDE, SIDE, 3), 128, np.uint8)
+    frames += rng.integers(0, 6, frames.shape, dtype=np.uint8)  # sensor noise, well below the change threshold
+    colour = rng.integers(160, 256, 3)
+    for t in range(T):
+        frames[t, block_to[0] - 1 : block_to[0] + 5, block_to[1] - 1 : block_to[1] + 5] = (40, 200, 40)
+        r, c = block_from if t < moves_at else block_to
+        frames[t, r : r + 4, c : c + 4] = colour
+        arm = (1, 1) if t == 0 else (0, int(rng.integers(4, SIDE - 3)))  # above the blocks, never over one
+        frames[t, arm[0] : arm[0] + 3, arm[1] : arm[1] + 3] = 20
+    return frames
+
+
+def _demos(n=12, seed=0):
+    """n demos whose blocks start and end in different cells of a 5-pixel grid (a real scene's objects lie
+    anywhere; here no pixel is a start or an end in two demos, so every region is the whole block)."""
+    rng = np.random.default_rng(seed)
+    cells = [np.array((r, c)) for r in range(6, SIDE - 8, 5) for c in range(6, SIDE - 8, 5)]
+    demos, starts, ends, free = [], [], [], list(rng.permutation(len(cells)))
+    for i in rng.permutation(len(cells))[:n]:
+        start = cells[i]
+        end = cells[next(j for j in free if np.abs(cells[j] - start).max() >= 10)]  # it really leaves its place
+        free = [j for j in free if not (cells[j] == end).all()]
+        demos.append(_demo(rng, start, end, moves_at=3))
+        starts.append(start)
+        ends.append(end)
+    return demos, starts, ends
+
+
+def _block(corner) -> np.ndarray:
+    mask = np.zeros((SIDE, SIDE), bool)
+    mask[corner[0] : corner[0] + 4, corner[1] : corner[1] + 4] = True
+    return mask
+
+
+def test_largest_region_is_the_biggest_4_connected_blob():
+    mask = np.zeros((6, 6), bool)
+    mask[0, 0] = mask[1, 1] = True  # diagonal: two regions of one pixel, not one of two
+    mask[3:5, 2:5] = True  # six pixels
+    got = largest_region(mask)
+    assert got.sum() == 6 and got[3:5, 2:5].all()
+    assert largest_region(np.zeros((4, 4), bool)) is None
+
+
+def test_where_each_demo_moves_its_object_from_and_to_is_found():
+    demos, starts, ends = _demos()
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
+    found_starts = start_regions(first, last, empty)
+    found_ends = end_regions(first, last, empty, found_starts)
+    axis = (np.arange(SIDE) + 0.5) / SIDE * 2 - 1
+    for frames, start, end, found_start, found_end in zip(demos, starts, ends, found_starts, found_ends, strict=True):
+        np.testing.assert_array_equal(found_start, _block(start))  # not where it went, nor the arm's home pose
+        np.testing.assert_array_equal(found_end, _block(end))  # the block on its target, not the target around it
+        targets = moved_object_targets(frames, found_start, found_end)  # (T, 2, 2)
+        centre = lambda corner: [axis[corner[0] : corner[0] + 4].mean(), axis[corner[1] : corner[1] + 4].mean()]  # noqa: E731
+        np.testing.assert_allclose(targets[:3, 0], np.broadcast_to(centre(start), (3, 2)), atol=1e-6)  # until step 3
+        assert np.isnan(targets[3:, 0]).all()  # moved: no target
+        np.testing.assert_allclose(targets[:, 1], np.broadcast_to(centre(end), (6, 2)), atol=1e-6)  # the goal: always
+
+
+def test_a_demo_that_moves_nothing_has_no_target_and_a_covered_object_none_while_covered():
+    demos, _, _ = _demos()
+    still = _demo(np.random.default_rng(7), (10, 10), (10, 10), moves_at=6)  # the block never moves
+    demos.append(still)
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    regions = start_regions(first, last, scene(np.stack([d[2] for d in demos])))
+    assert regions[-1] is None
+    covered = demos[0].copy()
+    rows, cols = np.nonzero(regions[0])
+    covered[1, rows.min() : rows.min() + 4, cols.min() : cols.min() + 4] = 20  # the hand over the block
+    targets = moved_object_targets(covered, regions[0], None)[:, 0, 0]
+    assert np.isfinite(targets[[0, 2]]).all() and np.isnan(targets[1])
+
+
+def test_keypoint_loss_skips_steps_without_a_target():
+    torch.manual_seed(0)
+    grid = 8
+    axis = (torch.arange(grid) + 0.5) / grid * 2 - 1
+    coords = torch.stack(torch.meshgrid(axis, axis, indexing="ij"), -1).reshape(-1, 2)  # (h*w, 2)
+    heat = torch.randn(2, 3, 2, grid * grid).softmax(-1)  # (B, T, n, h*w)
+    targets = torch.rand(2, 3, 2, 2) * 2 - 1
+    weight = torch.ones(2, 3)
+    with_nan = targets.clone()
+    with_nan[:, :, 1] = float("nan")  # the second point has no target anywhere
+    with_nan[0, 2, 0] = float("nan")  # nor the first at one step
+    expected_weight = torch.ones(2, 3)
+    expected_weight[0, 2] = 0
+    got = keypoint_loss(heat, coords, with_nan, weight, grid)
+    expected = keypoint_loss(heat[:, :, :1], coords, targets[:, :, :1], expected_weight, grid)
+    torch.testing.assert_close(got, expected)
+    assert torch.isfinite(got)
+    assert keypoint_loss(heat, coords, torch.full_like(targets, float("nan")), weight, grid) == 0
+
+
+def test_on_real_demos_the_targets_are_the_named_block_and_its_goal_and_a_reach_has_none(tiny_dataset):
+    """The scripted experts' episodes: every start found is where the simulator says the named block is, a push's
+    end is its target zone."""
+    tok = fit_tokenizers(tiny_dataset, "train", ObsKeys(), action_bins=64, action_mode="uniform")
+    ds = WindowDataset(tiny_dataset, "train", tok, window=1, chunk=1, instruction_len=12, moved_object=True)
+    labelled = {}
+    with h5py.File(tiny_dataset) as f:
+        for d, name in enumerate(ds.names):
+            target = ds.keypoint_targets[d][:, 0]  # (T, 2)
+            block = f["data"][name]["obs"]["object_px"][:, :2]  # what the simulator recorded, never trained on
+            found = np.isfinite(target[:, 0])
+            np.testing.assert_allclose(target[found], block[found], atol=0.05)
+            if found.any():
+                assert not found[-1]  # by its last step the thing has moved
+            task = ds.tasks[d].split("/")[1].split("-")[0]
+            labelled.setdefault(task, []).append(found.any())
+            goal = ds.keypoint_targets[d][:, 1]  # (T, 2): where the thing ends
+            if task == "Push" and np.isfinite(goal).all():
+                target = f["data"][name]["obs"]["object_px"][:, 2:]  # the push's target zone
+                np.testing.assert_allclose(goal, target, atol=0.1)
+                labelled.setdefault("Push goal", []).append(True)
+    assert not any(labelled["Reach"])  # a reach moves nothing
+    for task in ("Push", "PickPlace", "Stack", "Push goal"):
+        assert sum(labelled.get(task, [])) >= 2, labelled  # of 3 training demos each
+
+
+def test_config_rejects_two_sources_of_the_first_keypoints_targets():
+    with pytest.raises(ValueError, match="both give the first keypoints' targets"):
+        load_config("configs/real.yaml", ["data.moved_object_targets=true", "data.keypoint_key=object_px"])
+    with pytest.raises(ValueError, match="augment_shift"):
+        load_config("configs/real.yaml", ["data.moved_object_targets=true", "data.augment_shift=4"])
+    with pytest.raises(ValueError, match="moved_object_targets=true needs model.keypoints >= 2"):
+        load_config("configs/real.yaml", ["data.moved_object_targets=true", "model.keypoints=1"])

@@ -1,0 +1,119 @@
+"""Moved-object targets: where the thing a demonstration moves starts out and ends, found in its own video.
+
+A user's robot data has no object positions, but a demonstration recorded by a fixed camera shows them: the
+thing the hand moves is somewhere in the first frame and gone from there in the last. Per demonstration:
+
+- the scene: each pixel's median over one frame of every demonstration of the split. Objects lie elsewhere
+  in each and the arm moves, so what stays is the empty scene;
+- where the moved object starts: pixels that differ from the scene in the first frame, differ from the
+  first frame in the last, and show the scene again in the last (the object left them; where something
+  arrived or the hand stopped, the last frame does not show the scene). Their largest 4-connected region,
+  kept when its size is like the other demonstrations' (much smaller or larger is noise or the arm);
+- where it ends, the goal: in the last frame, pixels of its colour where the first frame showed something else
+  that was not the scene either (the bin, the target, the block it is stacked on);
+- the targets at step t: the start region's centre while most of its pixels still look as in the first frame
+  (the object is there and uncovered; NaN once it is picked up, pushed away or hidden), and the end's centre.
+
+Training targets only, for the first two keypoints' heat maps on the first camera (`vla.model.losses.keypoint_loss`
+skips NaN), as the simulator's `object_px` (the named block, its goal) are for the privileged recipe. The
+instruction names the thing a demonstration moves, so the instruction-conditioned keypoints learn to find the named
+object and where it goes. The goal's target matters: with the start's alone, the maps the waypoints had put on the
+goals followed the object instead (docs/label_free.md, session 9).
+"""
+
+from __future__ import annotations
+
+from collections import deque
+
+import numpy as np
+
+CHANGE = 40  # a pixel changed: its largest channel difference exceeds this (of 0..255)
+STILL_THERE = 0.8  # share of the start region's pixels that must look as in the first frame
+COMMON = 0.2  # a start pixel in more than this share of demonstrations belongs to the scene (the arm's home pose)
+SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median region's size
+
+
+def scene(frames: np.ndarray) -> np.ndarray:
+    """(E, H, W, 3) uint8, one frame of each demonstration -> (H, W, 3) int16: the per-pixel median."""
+    return np.median(frames, axis=0).astype(np.int16)
+
+
+def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
+    """(..., H, W, 3) each -> (..., H, W) bool: the pixels where they differ."""
+    return np.abs(a.astype(np.int16) - b.astype(np.int16)).max(-1) > CHANGE
+
+
+def largest_region(mask: np.ndarray) -> np.ndarray | None:
+    """(H, W) bool -> the largest 4-connected region of True pixels as an (H, W) bool mask, or None."""
+    seen, best, (H, W) = np.zeros_like(mask), [], mask.shape
+    for start in zip(*np.nonzero(mask), strict=True):
+        if seen[start]:
+            continue
+        seen[start], queue, region = True, deque([start]), []
+        while queue:
+            r, c = queue.popleft()
+            region.append((r, c))
+            for rr, cc in ((r - 1, c), (r + 1, c), (r, c - 1), (r, c + 1)):
+                if 0 <= rr < H and 0 <= cc < W and mask[rr, cc] and not seen[rr, cc]:
+                    seen[rr, cc] = True
+                    queue.append((rr, cc))
+        if len(region) > len(best):
+            best = region
+    if not best:
+        return None
+    out = np.zeros_like(mask)
+    out[tuple(np.array(best).T)] = True
+    return out
+
+
+def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray) -> list[np.ndarray | None]:
+    """first, last (E, H, W, 3) uint8: each demonstration's first and last frame; empty (H, W, 3) from `scene`
+    -> per demonstration the (H, W) bool region where the thing it moves starts, or None where none is found."""
+    left = _changed(first, empty) & _changed(first, last) & ~_changed(last, empty)  # (E, H, W): objects that left
+    left &= ~(left.mean(0) > COMMON)  # the same pixels in many demonstrations: the scene's, not an object
+    regions = [largest_region(mask) for mask in left]
+    sizes = [int(r.sum()) for r in regions if r is not None]
+    if not sizes:
+        return regions
+    lo, hi = (np.median(sizes) * bound for bound in SIZE_RANGE)
+    return [r if r is not None and lo <= r.sum() <= hi else None for r in regions]
+
+
+def end_regions(
+    first: np.ndarray, last: np.ndarray, empty: np.ndarray, starts: list[np.ndarray | None]
+) -> list[np.ndarray | None]:
+    """first, last, empty as for `start_regions`, starts its result -> per demonstration the (H, W) bool region
+    where the moved thing is in the last frame, or None: pixels that showed something in the first frame and
+    something else in the last (the bin, the target or the block it now lies on, covered by it), of the moved
+    thing's colour (its start region's median in the first frame; so not the hand, which stops there too)."""
+    arrived = _changed(first, empty) & _changed(first, last) & _changed(last, empty)  # (E, H, W)
+    arrived &= ~(arrived.mean(0) > COMMON)
+    ends = []
+    for e, start in enumerate(starts):
+        if start is None:
+            ends.append(None)
+            continue
+        colour = np.median(first[e][start].astype(np.int16), axis=0)  # (3,)
+        like = arrived[e] & (np.abs(last[e].astype(np.int16) - colour).max(-1) <= CHANGE)  # (H, W)
+        ends.append(largest_region(like) if like.sum() >= 3 else None)
+    return ends
+
+
+def _centre(region: np.ndarray) -> np.ndarray:
+    """(H, W) bool -> (2,) its centre as (row, column) in -1..1 (pixel centres, as the keypoints' coordinates)."""
+    axis = (np.arange(region.shape[0]) + 0.5) / region.shape[0] * 2 - 1
+    rows, cols = np.nonzero(region)
+    return np.array([axis[rows].mean(), axis[cols].mean()], dtype=np.float32)
+
+
+def moved_object_targets(frames: np.ndarray, start: np.ndarray, end: np.ndarray | None) -> np.ndarray:
+    """frames (T, H, W, 3) uint8 of one demonstration, its regions from `start_regions` and `end_regions` ->
+    (T, 2, 2) float32, (row, column) in -1..1: the start region's centre at the steps where the object is still
+    there (NaN at the others), and the end region's centre, the goal, at every step (NaN without one)."""
+    out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
+    pixels = frames[:, start].astype(np.int16)  # (T, n, 3)
+    there = (np.abs(pixels - pixels[0]).max(-1) <= CHANGE).mean(1) >= STILL_THERE  # (T,)
+    out[there, 0] = _centre(start)
+    if end is not None:
+        out[:, 1] = _centre(end)
+    return out
