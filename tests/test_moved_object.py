@@ -145,3 +145,15 @@ def test_config_rejects_two_sources_of_the_first_keypoints_targets():
         load_config("configs/real.yaml", ["data.moved_object_targets=true", "data.augment_shift=4"])
     with pytest.raises(ValueError, match="moved_object_targets=true needs model.keypoints >= 2"):
         load_config("configs/real.yaml", ["data.moved_object_targets=true", "model.keypoints=1"])
+
+
+def test_training_says_how_many_demos_the_video_labelled(tiny_dataset, capsys):
+    """A moving camera or a wrist-only dataset labels nothing and its heat-map loss is then 0: the count is printed."""
+    from vla.training.train import prepare_data
+
+    cfg = load_config("configs/tiny.yaml", ["data.aux_key=", "data.keypoint_key=", "data.moved_object_targets=true"])
+    _, data = prepare_data(cfg, str(tiny_dataset), None, None)
+    assert not data.spec.keypoint_targets  # the label-free keypoint net, as measured
+    found = sum(bool(np.isfinite(t[:, 0, 0]).any()) for t in data.train_set.keypoint_targets)
+    assert 6 <= found < len(data.train_set.names)  # the pushes, pick-and-places and stacks, not the reaches
+    assert f"moved-object targets in {found} of {len(data.train_set.names)} training demos" in capsys.readouterr().err
