@@ -111,8 +111,8 @@ def moved_object_targets(frames: np.ndarray, start: np.ndarray, end: np.ndarray 
     (T, 2, 2) float32, (row, column) in -1..1: the start region's centre at the steps where the object is still
     there (NaN at the others), and the end region's centre, the goal, at every step (NaN without one)."""
     out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
-    pixels = frames[:, start].astype(np.int16)  # (T, n, 3)
-    there = (np.abs(pixels - pixels[0]).max(-1) <= CHANGE).mean(1) >= STILL_THERE  # (T,)
+    pixels = frames[:, start]  # (T, n, 3)
+    there = (~_changed(pixels, pixels[0])).mean(1) >= STILL_THERE  # (T,): still as in the first frame
     out[there, 0] = _centre(start)
     if end is not None:
         out[:, 1] = _centre(end)
