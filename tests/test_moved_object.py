@@ -14,16 +14,24 @@ from vla.training.config import load_config
 SIDE = 32
 
 
-def _demo(rng, block_from, block_to, moves_at, T=6):
+def _path(block_from, block_to, moves_at, T):
+    """(T, 2) int: the block's top-left corner at each step, still until moves_at, then straight to block_to, which it
+    reaches two steps before the end (a few pixels a step, as a pushed or carried object goes)."""
+    share = np.clip((np.arange(T) - moves_at + 1) / (T - 2 - moves_at), 0, 1)[:, None]  # (T, 1)
+    return np.round(np.asarray(block_from) + share * (np.asarray(block_to) - block_from)).astype(int)
+
+
+def _demo(rng, block_from, block_to, moves_at, T=8, mark=None):
     """(T, SIDE, SIDE, 3) uint8 frames on a grey table: a 4x4 block of a random colour at block_from until step
-    moves_at, then at block_to, on a green 6x6 target there; a dark 3x3 'arm' at a fixed home in the first
-    frame, elsewhere along the top later."""
+    moves_at, then on its way to block_to, on a green 6x6 target there; a dark 3x3 'arm' at a fixed home in the
+    first frame, elsewhere along the top later; with `mark`, a patch of the block's own colour at that corner."""
     frames = np.full((T, SIDE, SIDE, 3), 128, np.uint8)
     frames += rng.integers(0, 6, frames.shape, dtype=np.uint8)  # sensor noise, well below the change threshold
     colour = rng.integers(160, 256, 3)
-    for t in range(T):
+    for t, (r, c) in enumerate(_path(block_from, block_to, moves_at, T)):
         frames[t, block_to[0] - 1 : block_to[0] + 5, block_to[1] - 1 : block_to[1] + 5] = (40, 200, 40)
-        r, c = block_from if t < moves_at else block_to
+        if mark is not None:
+            frames[t, mark[0] : mark[0] + 4, mark[1] : mark[1] + 4] = colour
         frames[t, r : r + 4, c : c + 4] = colour
         arm = (1, 1) if t == 0 else (0, int(rng.integers(4, SIDE - 3)))  # above the blocks, never over one
         frames[t, arm[0] : arm[0] + 3, arm[1] : arm[1] + 3] = 20
@@ -68,19 +76,36 @@ def test_where_each_demo_moves_its_object_from_and_to_is_found():
     found_starts = start_regions(first, last, empty)
     found_ends = end_regions(first, last, empty, found_starts)
     axis = (np.arange(SIDE) + 0.5) / SIDE * 2 - 1
+    centre = lambda corner: [axis[corner[0] : corner[0] + 4].mean(), axis[corner[1] : corner[1] + 4].mean()]  # noqa: E731
     for frames, start, end, found_start, found_end in zip(demos, starts, ends, found_starts, found_ends, strict=True):
         np.testing.assert_array_equal(found_start, _block(start))  # not where it went, nor the arm's home pose
         np.testing.assert_array_equal(found_end, _block(end))  # the block on its target, not the target around it
-        targets = moved_object_targets(frames, found_start, found_end)  # (T, 2, 2)
-        centre = lambda corner: [axis[corner[0] : corner[0] + 4].mean(), axis[corner[1] : corner[1] + 4].mean()]  # noqa: E731
-        np.testing.assert_allclose(targets[:3, 0], np.broadcast_to(centre(start), (3, 2)), atol=1e-6)  # until step 3
-        assert np.isnan(targets[3:, 0]).all()  # moved: no target
-        np.testing.assert_allclose(targets[:, 1], np.broadcast_to(centre(end), (6, 2)), atol=1e-6)  # the goal: always
+        targets = moved_object_targets(frames, found_start, found_end, empty)  # (T, 2, 2)
+        path = [centre(corner) for corner in _path(start, end, 3, len(frames))]
+        np.testing.assert_allclose(targets[:, 0], path, atol=1e-6)  # where it is, at rest and on its way
+        np.testing.assert_allclose(targets[:, 1], np.broadcast_to(centre(end), (8, 2)), atol=1e-6)  # the goal: always
+
+
+def test_the_moved_object_is_followed_past_a_mark_of_its_own_colour():
+    """A goal mark of the block's colour (a red block to the red zone) does not look as if the block were there:
+    the mark is where it was in the first frame, the block is not."""
+    demos, starts, ends = _demos()
+    rng = np.random.default_rng(3)
+    start, end, mark = np.array((6, 6)), np.array((21, 21)), np.array((11, 16))  # the mark beside the block's way
+    demos[0] = _demo(rng, start, end, moves_at=3, mark=mark)
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
+    found = start_regions(first, last, empty)[0]
+    np.testing.assert_array_equal(found, _block(start))
+    targets = moved_object_targets(demos[0], found, None, empty)[:, 0]  # (T, 2)
+    axis = (np.arange(SIDE) + 0.5) / SIDE * 2 - 1
+    path = [[axis[r : r + 4].mean(), axis[c : c + 4].mean()] for r, c in _path(start, end, 3, 8)]
+    np.testing.assert_allclose(targets, path, atol=1e-6)
 
 
 def test_a_demo_that_moves_nothing_has_no_target_and_a_covered_object_none_while_covered():
     demos, _, _ = _demos()
-    still = _demo(np.random.default_rng(7), (10, 10), (10, 10), moves_at=6)  # the block never moves
+    still = _demo(np.random.default_rng(7), (10, 10), (10, 10), moves_at=8)  # the block never moves
     demos.append(still)
     first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
     regions = start_regions(first, last, scene(np.stack([d[2] for d in demos])))
@@ -88,7 +113,7 @@ def test_a_demo_that_moves_nothing_has_no_target_and_a_covered_object_none_while
     covered = demos[0].copy()
     rows, cols = np.nonzero(regions[0])
     covered[1, rows.min() : rows.min() + 4, cols.min() : cols.min() + 4] = 20  # the hand over the block
-    targets = moved_object_targets(covered, regions[0], None)[:, 0, 0]
+    targets = moved_object_targets(covered, regions[0], None, scene(np.stack([d[2] for d in demos])))[:, 0, 0]
     assert np.isfinite(targets[[0, 2]]).all() and np.isnan(targets[1])
 
 
@@ -113,8 +138,8 @@ def test_keypoint_loss_skips_steps_without_a_target():
 
 
 def test_on_real_demos_the_targets_are_the_named_block_and_its_goal_and_a_reach_has_none(tiny_dataset):
-    """The scripted experts' episodes: every start found is where the simulator says the named block is, a push's
-    end is its target zone."""
+    """The scripted experts' episodes: every target found is where the simulator says the named block is, at rest
+    and on its way; a push's end is its target zone."""
     tok = fit_tokenizers(tiny_dataset, "train", ObsKeys(), action_bins=64, action_mode="uniform")
     ds = WindowDataset(tiny_dataset, "train", tok, window=1, chunk=1, instruction_len=12, moved_object=True)
     labelled = {}
@@ -123,9 +148,10 @@ def test_on_real_demos_the_targets_are_the_named_block_and_its_goal_and_a_reach_
             target = ds.keypoint_targets[d][:, 0]  # (T, 2)
             block = f["data"][name]["obs"]["object_px"][:, :2]  # what the simulator recorded, never trained on
             found = np.isfinite(target[:, 0])
-            np.testing.assert_allclose(target[found], block[found], atol=0.05)
-            if found.any():
-                assert not found[-1]  # by its last step the thing has moved
+            np.testing.assert_allclose(target[found], block[found], atol=0.1)  # the hand may cover a part
+            moved = np.linalg.norm(block - block[0], axis=1) > 0.1  # (T,): the block has left its start
+            if (found & moved).any():
+                labelled.setdefault("followed", []).append(True)  # where it was carried or pushed to
             task = ds.tasks[d].split("/")[1].split("-")[0]
             labelled.setdefault(task, []).append(found.any())
             goal = ds.keypoint_targets[d][:, 1]  # (T, 2): where the thing ends
@@ -134,7 +160,7 @@ def test_on_real_demos_the_targets_are_the_named_block_and_its_goal_and_a_reach_
                 np.testing.assert_allclose(goal, target, atol=0.1)
                 labelled.setdefault("Push goal", []).append(True)
     assert not any(labelled["Reach"])  # a reach moves nothing
-    for task in ("Push", "PickPlace", "Stack", "Push goal"):
+    for task in ("Push", "PickPlace", "Stack", "Push goal", "followed"):
         assert sum(labelled.get(task, [])) >= 2, labelled  # of 3 training demos each
 
 

@@ -31,6 +31,7 @@ CHANGE = 40  # a pixel changed: its largest channel difference exceeds this (of 
 STILL_THERE = 0.8  # share of the start region's pixels that must look as in the first frame
 COMMON = 0.2  # a start pixel in more than this share of demonstrations belongs to the scene (the arm's home pose)
 SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median region's size
+NEAR = 0.25  # a moved object is looked for this share of the image around where it was last seen
 
 
 def scene(frames: np.ndarray) -> np.ndarray:
@@ -106,14 +107,46 @@ def _centre(region: np.ndarray) -> np.ndarray:
     return np.array([axis[rows].mean(), axis[cols].mean()], dtype=np.float32)
 
 
-def moved_object_targets(frames: np.ndarray, start: np.ndarray, end: np.ndarray | None) -> np.ndarray:
-    """frames (T, H, W, 3) uint8 of one demonstration, its regions from `start_regions` and `end_regions` ->
-    (T, 2, 2) float32, (row, column) in -1..1: the start region's centre at the steps where the object is still
-    there (NaN at the others), and the end region's centre, the goal, at every step (NaN without one)."""
-    out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
+def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarray:
+    """frames (T, H, W, 3) uint8 of one demonstration, its start region, the scene -> (T, 2) float32: where the
+    moved object is at each step, (row, column) in -1..1, NaN where it is not seen. At its start region while that
+    still looks as in the first frame; after, the largest region of its colour that is neither the scene nor as in
+    the first frame (so not a goal mark of its colour), near where it was last seen and of about its size (a
+    smaller one: the hand covers it, no target)."""
+    T, H, W, _ = frames.shape
+    out = np.full((T, 2), np.nan, dtype=np.float32)
     pixels = frames[:, start]  # (T, n, 3)
     there = (~_changed(pixels, pixels[0])).mean(1) >= STILL_THERE  # (T,): still as in the first frame
-    out[there, 0] = _centre(start)
+    colour = np.median(pixels[0].astype(np.int16), axis=0)  # (3,)
+    like = np.abs(frames.astype(np.int16) - colour).max(-1) <= CHANGE  # (T, H, W)
+    like &= _changed(frames, empty) & (_changed(frames, frames[:1]) | start)  # moved there: not a mark of its colour
+    size, reach = start.sum(), round(max(H, W) * NEAR)
+    rows, cols = np.nonzero(start)
+    last = np.array([rows.mean(), cols.mean()])  # where it was last seen, in pixels
+    for t in range(T):
+        if there[t]:
+            out[t] = _centre(start)
+            continue
+        r, c = np.round(last).astype(int)
+        near = np.zeros((H, W), dtype=bool)
+        near[max(r - reach, 0) : r + reach + 1, max(c - reach, 0) : c + reach + 1] = True
+        region = largest_region(like[t] & near) if (like[t] & near).sum() >= size * SIZE_RANGE[0] else None
+        if region is None or not size * SIZE_RANGE[0] <= region.sum() <= size * SIZE_RANGE[1]:
+            continue
+        out[t] = _centre(region)
+        rows, cols = np.nonzero(region)
+        last = np.array([rows.mean(), cols.mean()])
+    return out
+
+
+def moved_object_targets(
+    frames: np.ndarray, start: np.ndarray, end: np.ndarray | None, empty: np.ndarray
+) -> np.ndarray:
+    """frames (T, H, W, 3) uint8 of one demonstration, its regions from `start_regions` and `end_regions`, the
+    scene -> (T, 2, 2) float32, (row, column) in -1..1: where the moved object is (`track`; NaN where it is not
+    seen), and the end region's centre, the goal, at every step (NaN without one)."""
+    out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
+    out[:, 0] = track(frames, start, empty)
     if end is not None:
         out[:, 1] = _centre(end)
     return out

@@ -207,7 +207,7 @@ class WindowDataset(Dataset):
         return px.reshape(len(px), -1, 2)
 
     def _moved_object_targets(self, lengths: list[int]) -> list[np.ndarray]:
-        """Per demo (T, 2, 2) float32: where the thing it moves starts (NaN once it has moved) and ends
+        """Per demo (T, 2, 2) float32: where the thing it moves is (NaN where it is not seen) and where it ends
         (`vla.data.moved_object`), from the main camera's frames. The empty scene is the median over every demo
         of the split: measured on Meta-World MT10, one scene per task found its pucks less often."""
         rng = np.random.default_rng([self.seed, _MOVED_OBJECT_STREAM])
@@ -219,7 +219,7 @@ class WindowDataset(Dataset):
         ends = moved_object.end_regions(first, last, empty, starts)
         return [
             np.full((n, 2, 2), np.nan, np.float32) if start is None  # nothing found: no target at any step
-            else moved_object.moved_object_targets(self._frames(d, 0, n)[:, 0], start, end)
+            else moved_object.moved_object_targets(self._frames(d, 0, n)[:, 0], start, end, empty)
             for d, (n, start, end) in enumerate(zip(lengths, starts, ends, strict=True))
         ]  # fmt: skip
 
