@@ -1,4 +1,4 @@
-"""Moved-object targets: where the thing a demonstration moves starts out and ends, found in its own video.
+"""Moved-object targets: where the thing a demonstration moves is and where it ends, found in its own video.
 
 A user's robot data has no object positions, but a demonstration recorded by a fixed camera shows them: the
 thing the hand moves is somewhere in the first frame and gone from there in the last. Per demonstration:
@@ -11,8 +11,10 @@ thing the hand moves is somewhere in the first frame and gone from there in the 
   kept when its size is like the other demonstrations' (much smaller or larger is noise or the arm);
 - where it ends, the goal: in the last frame, pixels of its colour where the first frame showed something else
   that was not the scene either (the bin, the target, the block it is stacked on);
-- the targets at step t: the start region's centre while most of its pixels still look as in the first frame
-  (the object is there and uncovered; NaN once it is picked up, pushed away or hidden), and the end's centre.
+- where it is at step t: the start region's centre while most of its pixels still look as in the first frame;
+  once it moves, the region of its colour that is not the scene and not as in the first frame (a goal mark of
+  its colour is), near where it was last seen and of about its size (NaN while the hand hides it);
+- the targets at step t: where it is, and the end's centre.
 
 Training targets only, for the first two keypoints' heat maps on the first camera (`vla.model.losses.keypoint_loss`
 skips NaN), as the simulator's `object_px` (the named block, its goal) are for the privileged recipe. The
