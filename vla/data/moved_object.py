@@ -96,10 +96,15 @@ def end_regions(
         if start is None:
             ends.append(None)
             continue
-        colour = np.median(first[e][start].astype(np.int16), axis=0)  # (3,)
+        colour = _colour(first[e], start)
         like = arrived[e] & (np.abs(last[e].astype(np.int16) - colour).max(-1) <= CHANGE)  # (H, W)
         ends.append(largest_region(like) if like.sum() >= 3 else None)
     return ends
+
+
+def _colour(frame: np.ndarray, region: np.ndarray) -> np.ndarray:
+    """(H, W, 3) uint8, (H, W) bool -> (3,) the region's median colour: what the moved object looks like."""
+    return np.median(frame[region].astype(np.int16), axis=0)
 
 
 def _centre(region: np.ndarray) -> np.ndarray:
@@ -119,7 +124,7 @@ def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarra
     out = np.full((T, 2), np.nan, dtype=np.float32)
     pixels = frames[:, start]  # (T, n, 3)
     there = (~_changed(pixels, pixels[0])).mean(1) >= STILL_THERE  # (T,): still as in the first frame
-    colour = np.median(pixels[0].astype(np.int16), axis=0)  # (3,)
+    colour = _colour(frames[0], start)
     like = np.abs(frames.astype(np.int16) - colour).max(-1) <= CHANGE  # (T, H, W)
     like &= _changed(frames, empty) & (_changed(frames, frames[:1]) | start)  # moved there: not a mark of its colour
     size, reach = start.sum(), round(max(H, W) * NEAR)
@@ -132,7 +137,10 @@ def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarra
         r, c = np.round(last).astype(int)
         near = np.zeros((H, W), dtype=bool)
         near[max(r - reach, 0) : r + reach + 1, max(c - reach, 0) : c + reach + 1] = True
-        region = largest_region(like[t] & near) if (like[t] & near).sum() >= size * SIZE_RANGE[0] else None
+        candidates = like[t] & near  # (H, W)
+        region = (
+            largest_region(candidates) if candidates.sum() >= size * SIZE_RANGE[0] else None
+        )  # none: skip the search
         if region is None or not size * SIZE_RANGE[0] <= region.sum() <= size * SIZE_RANGE[1]:
             continue
         out[t] = _centre(region)
