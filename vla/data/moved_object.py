@@ -127,7 +127,8 @@ def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarra
     colour = _colour(frames[0], start)
     like = np.abs(frames.astype(np.int16) - colour).max(-1) <= CHANGE  # (T, H, W)
     like &= _changed(frames, empty) & (_changed(frames, frames[:1]) | start)  # moved there: not a mark of its colour
-    size, reach = start.sum(), round(max(H, W) * NEAR)
+    lo, hi = (start.sum() * bound for bound in SIZE_RANGE)  # the sizes it may have, from its start region's
+    reach = round(max(H, W) * NEAR)
     rows, cols = np.nonzero(start)
     last = np.array([rows.mean(), cols.mean()])  # where it was last seen, in pixels
     for t in range(T):
@@ -138,10 +139,10 @@ def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarra
         near = np.zeros((H, W), dtype=bool)
         near[max(r - reach, 0) : r + reach + 1, max(c - reach, 0) : c + reach + 1] = True
         candidates = like[t] & near  # (H, W)
-        region = (
-            largest_region(candidates) if candidates.sum() >= size * SIZE_RANGE[0] else None
-        )  # none: skip the search
-        if region is None or not size * SIZE_RANGE[0] <= region.sum() <= size * SIZE_RANGE[1]:
+        if candidates.sum() < lo:
+            continue  # too few pixels of its colour nearby for the object (the hand covers it): no search
+        region = largest_region(candidates)
+        if not lo <= region.sum() <= hi:
             continue
         out[t] = _centre(region)
         rows, cols = np.nonzero(region)
