@@ -6,7 +6,6 @@ failed seed. vla/data/collect.py schedules the jobs and merges the parts.
 from __future__ import annotations
 
 import json
-import os
 import signal
 import time
 from dataclasses import dataclass
@@ -16,8 +15,8 @@ from typing import Any
 import numpy as np
 
 from vla.data.hdf5_format import Episode, write_episode_file
-from vla.files import atomic_write
 from vla.evaluation.episode import episode_steps
+from vla.files import atomic_write
 
 PART_SUFFIX = ".hdf5"
 FAILED_SUFFIX = ".failed.json"
