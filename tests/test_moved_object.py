@@ -6,7 +6,14 @@ import pytest
 import torch
 
 from vla.data.hdf5_format import ObsKeys
-from vla.data.moved_object import end_regions, largest_region, moved_object_targets, scene, start_regions
+from vla.data.moved_object import (
+    end_regions,
+    largest_region,
+    moved_object_targets,
+    scene,
+    start_regions,
+    still_held,
+)
 from vla.data.windows import WindowDataset, fit_tokenizers
 from vla.model.losses import keypoint_loss
 from vla.training.config import load_config
@@ -21,9 +28,9 @@ def _path(block_from, block_to, moves_at, T):
     return np.round(np.asarray(block_from) + share * (np.asarray(block_to) - block_from)).astype(int)
 
 
-def _demo(rng, block_from, block_to, moves_at, T=8, mark=None):
+def _demo(rng, block_from, block_to, moves_at, T=8, mark=None, home=(1, 1)):
     """(T, SIDE, SIDE, 3) uint8 frames on a grey table: a 4x4 block of a random colour at block_from until step
-    moves_at, then on its way to block_to, on a green 6x6 target there; a dark 3x3 'arm' at a fixed home in the
+    moves_at, then on its way to block_to, on a green 6x6 target there; a dark 3x3 'arm' at `home` in the
     first frame, elsewhere along the top later; with `mark`, a patch of the block's own colour at that corner."""
     frames = np.full((T, SIDE, SIDE, 3), 128, np.uint8)
     frames += rng.integers(0, 6, frames.shape, dtype=np.uint8)  # sensor noise, well below the change threshold
@@ -33,7 +40,7 @@ def _demo(rng, block_from, block_to, moves_at, T=8, mark=None):
         if mark is not None:
             frames[t, mark[0] : mark[0] + 4, mark[1] : mark[1] + 4] = colour
         frames[t, r : r + 4, c : c + 4] = colour
-        arm = (1, 1) if t == 0 else (0, int(rng.integers(4, SIDE - 3)))  # above the blocks, never over one
+        arm = home if t == 0 else (0, int(rng.integers(4, SIDE - 3)))  # above the blocks, never over one
         frames[t, arm[0] : arm[0] + 3, arm[1] : arm[1] + 3] = 20
     return frames
 
@@ -73,8 +80,9 @@ def test_where_each_demo_moves_its_object_from_and_to_is_found():
     demos, starts, ends = _demos()
     first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
     empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
-    found_starts = start_regions(first, last, empty)
-    found_ends = end_regions(first, last, empty, found_starts)
+    tasks = ["push"] * len(demos)
+    found_starts = start_regions(first, last, empty, tasks)
+    found_ends = end_regions(first, last, empty, tasks, found_starts, [False] * len(demos))
     axis = (np.arange(SIDE) + 0.5) / SIDE * 2 - 1
     centre = lambda corner: [axis[corner[0] : corner[0] + 4].mean(), axis[corner[1] : corner[1] + 4].mean()]  # noqa: E731
     for frames, start, end, found_start, found_end in zip(demos, starts, ends, found_starts, found_ends, strict=True):
@@ -84,6 +92,32 @@ def test_where_each_demo_moves_its_object_from_and_to_is_found():
         path = [centre(corner) for corner in _path(start, end, 3, len(frames))]
         np.testing.assert_allclose(targets[:, 0], path, atol=1e-6)  # where it is, at rest and on its way
         np.testing.assert_allclose(targets[:, 1], np.broadcast_to(centre(end), (8, 2)), atol=1e-6)  # the goal: always
+    held = [True] + [False] * (len(demos) - 1)  # the first demo's hand still holds the block at its end
+    assert end_regions(first, last, empty, tasks, found_starts, held)[0] is None
+
+
+def test_still_held_means_a_grasp_that_was_never_released():
+    assert still_held(np.array([0, 0, 1, 1], bool))  # grasped, held to the end
+    assert not still_held(np.array([0, 1, 1, 0], bool))  # let go before the end
+    assert not still_held(np.array([1, 1, 1, 1], bool))  # closed throughout: a push with closed fingers
+    assert not still_held(np.array([0, 0, 0, 0], bool))
+
+
+def test_a_tasks_own_home_pose_is_not_taken_for_a_moved_object():
+    """A task whose arm starts in a pose of its own, and that moves nothing that leaves its place (a button
+    pressed): the arm's home pose left, in every demonstration of that task but few of the split's."""
+    demos, _, _ = _demos()
+    rng = np.random.default_rng(5)
+    presses = [_demo(rng, (10, 10), (10, 10), moves_at=8, home=(1, 20)) for _ in range(2)]  # the block never moves
+    demos += presses
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
+    by_task = start_regions(first, last, empty, ["push"] * 12 + ["press"] * 2)
+    assert by_task[-2] is None and by_task[-1] is None
+    assert all(region is not None for region in by_task[:12])
+    as_one_task = start_regions(first, last, empty, ["push"] * 14)  # what the split alone would say
+    for region in as_one_task[-2:]:
+        assert region is not None and region[1:4, 20:23].all()  # the arm's home pose, taken for an object
 
 
 def test_the_moved_object_is_followed_past_a_mark_of_its_own_colour():
@@ -95,7 +129,7 @@ def test_the_moved_object_is_followed_past_a_mark_of_its_own_colour():
     demos[0] = _demo(rng, start, end, moves_at=3, mark=mark)
     first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
     empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
-    found = start_regions(first, last, empty)[0]
+    found = start_regions(first, last, empty, ["push"] * len(demos))[0]
     np.testing.assert_array_equal(found, _block(start))
     targets = moved_object_targets(demos[0], found, None, empty)[:, 0]  # (T, 2)
     axis = (np.arange(SIDE) + 0.5) / SIDE * 2 - 1
@@ -108,7 +142,7 @@ def test_a_demo_that_moves_nothing_has_no_target_and_a_covered_object_none_while
     still = _demo(np.random.default_rng(7), (10, 10), (10, 10), moves_at=8)  # the block never moves
     demos.append(still)
     first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
-    regions = start_regions(first, last, scene(np.stack([d[2] for d in demos])))
+    regions = start_regions(first, last, scene(np.stack([d[2] for d in demos])), ["push"] * len(demos))
     assert regions[-1] is None
     covered = demos[0].copy()
     rows, cols = np.nonzero(regions[0])

@@ -7,10 +7,14 @@ thing the hand moves is somewhere in the first frame and gone from there in the 
   in each and the arm moves, so what stays is the empty scene;
 - where the moved object starts: pixels that differ from the scene in the first frame, differ from the
   first frame in the last, and show the scene again in the last (the object left them; where something
-  arrived or the hand stopped, the last frame does not show the scene). Their largest 4-connected region,
-  kept when its size is like the other demonstrations' (much smaller or larger is noise or the arm);
+  arrived or the hand stopped, the last frame does not show the scene), and not so in many demonstrations of
+  the split or of the demonstration's task (the arm's home pose, which a task may have of its own). Their
+  largest 4-connected region, kept when its size is like the other demonstrations' (much smaller or larger is
+  noise or the arm);
 - where it ends, the goal: in the last frame, pixels of its colour where the first frame showed something else
-  that was not the scene either (the bin, the target, the block it is stacked on);
+  that was not the scene either (the bin, the target, the block it is stacked on). None where the hand still
+  holds what it grasped at the last step (its gripper command): the last frame shows the hand over the thing,
+  and a look-alike elsewhere (an arm of its colour) would be taken for it;
 - where it is at step t: the start region's centre while most of its pixels still look as in the first frame;
   once it moves, the region of its colour that is not the scene and not as in the first frame (a goal mark of
   its colour is), near where it was last seen and of about its size (NaN while the hand hides it);
@@ -32,6 +36,7 @@ import numpy as np
 CHANGE = 40  # a pixel changed: its largest channel difference exceeds this (of 0..255)
 STILL_THERE = 0.8  # share of the start region's pixels that must look as in the first frame
 COMMON = 0.2  # a start pixel in more than this share of demonstrations belongs to the scene (the arm's home pose)
+TASK_COMMON = 0.6  # ... or in more than this share of its task's (a task's own home pose)
 SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median region's size
 NEAR = 0.25  # a moved object is looked for this share of the image around where it was last seen
 
@@ -69,11 +74,24 @@ def largest_region(mask: np.ndarray) -> np.ndarray | None:
     return out
 
 
-def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray) -> list[np.ndarray | None]:
-    """first, last (E, H, W, 3) uint8: each demonstration's first and last frame; empty (H, W, 3) from `scene`
-    -> per demonstration the (H, W) bool region where the thing it moves starts, or None where none is found."""
+def _common(masks: np.ndarray, tasks: list[str]) -> np.ndarray:
+    """(E, H, W) bool, each demonstration's task -> (E, H, W) bool: pixels set in more than COMMON of the split's
+    demonstrations (the scene's), or in more than TASK_COMMON of its task's (where a task starts the arm in a pose
+    of its own, that pose is in every demonstration of the task but in few of the split)."""
+    out = np.broadcast_to(masks.mean(0) > COMMON, masks.shape).copy()
+    names = np.array(tasks)
+    for task in set(tasks):
+        of_task = names == task
+        out[of_task] |= masks[of_task].mean(0) > TASK_COMMON
+    return out
+
+
+def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray, tasks: list[str]) -> list[np.ndarray | None]:
+    """first, last (E, H, W, 3) uint8: each demonstration's first and last frame; empty (H, W, 3) from `scene`;
+    tasks: each demonstration's task -> per demonstration the (H, W) bool region where the thing it moves starts,
+    or None where none is found."""
     left = _changed(first, empty) & _changed(first, last) & ~_changed(last, empty)  # (E, H, W): objects that left
-    left &= ~(left.mean(0) > COMMON)  # the same pixels in many demonstrations: the scene's, not an object
+    left &= ~_common(left, tasks)  # the same pixels in many demonstrations of a task: the scene's or the arm's
     regions = [largest_region(mask) for mask in left]
     sizes = [int(r.sum()) for r in regions if r is not None]
     if not sizes:
@@ -82,18 +100,31 @@ def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray) -> lis
     return [r if r is not None and lo <= r.sum() <= hi else None for r in regions]
 
 
+def still_held(closed: np.ndarray) -> bool:
+    """closed (T,) bool, the gripper command -> whether the hand still holds at the last step what it grasped
+    (the command turned to closed during the demonstration and stays so): the last frame shows the hand over the
+    thing, not where it lies."""
+    return bool(closed[-1] and (closed[1:] & ~closed[:-1]).any())
+
+
 def end_regions(
-    first: np.ndarray, last: np.ndarray, empty: np.ndarray, starts: list[np.ndarray | None]
+    first: np.ndarray,
+    last: np.ndarray,
+    empty: np.ndarray,
+    tasks: list[str],
+    starts: list[np.ndarray | None],
+    held: list[bool],
 ) -> list[np.ndarray | None]:
-    """first, last, empty as for `start_regions`, starts its result -> per demonstration the (H, W) bool region
-    where the moved thing is in the last frame, or None: pixels that showed something in the first frame and
-    something else in the last (the bin, the target or the block it now lies on, covered by it), of the moved
-    thing's colour (its start region's median in the first frame; so not the hand, which stops there too)."""
+    """first, last, empty, tasks as for `start_regions`, starts its result, held `still_held` per demonstration
+    -> per demonstration the (H, W) bool region where the moved thing is in the last frame, or None: pixels that
+    showed something in the first frame and something else in the last (the bin, the target or the block it now
+    lies on, covered by it), of the moved thing's colour (its start region's median in the first frame; so not
+    the hand, which stops there too). None where the hand still holds it: what looks like it there is the hand."""
     arrived = _changed(first, empty) & _changed(first, last) & _changed(last, empty)  # (E, H, W)
-    arrived &= ~(arrived.mean(0) > COMMON)
+    arrived &= ~_common(arrived, tasks)
     ends = []
-    for e, start in enumerate(starts):
-        if start is None:
+    for e, (start, holding) in enumerate(zip(starts, held, strict=True)):
+        if start is None or holding:
             ends.append(None)
             continue
         colour = _colour(first[e], start)

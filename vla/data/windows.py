@@ -23,6 +23,7 @@ from torch.utils.data import Dataset
 
 from vla.data import moved_object
 from vla.data.hdf5_format import DatasetError, ObsKeys
+from vla.data.moved_object import still_held
 from vla.data.sources import EpisodeSource, open_source
 from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer, Tokenizers
@@ -132,6 +133,7 @@ class WindowDataset(Dataset):
         # Actions, proprio and instructions are small: tokenize them all once, up front.
         self.actions, self.action_is_pad, self.proprio, self.instructions, self.instruction_texts = [], [], [], [], []
         self.aux, self.keypoint_targets = [], []
+        held = []  # per demo: the hand still holds at the end what it grasped (moved-object targets)
         for name in self.names:
             demo = src.read(name, images=False)
             aux = []  # auxiliary targets (T, D): privileged positions, then the demo's own waypoints
@@ -143,6 +145,8 @@ class WindowDataset(Dataset):
                 self.aux.append(np.concatenate(aux, axis=1))
             if keypoint_key:
                 self.keypoint_targets.append(self._keypoint_targets(src, name, keypoint_key))
+            if moved_object:
+                held.append(still_held(self._gripper_closed(demo.actions, gripper_dim)))
             targets, is_pad = self._action_targets(demo.actions)
             self.actions.append(targets)
             self.action_is_pad.append(is_pad)
@@ -159,7 +163,7 @@ class WindowDataset(Dataset):
         self.tasks = [m["task"] for m in metas]
         lengths = [m["num_samples"] for m in metas]
         if moved_object:
-            self.keypoint_targets = self._moved_object_targets(lengths)
+            self.keypoint_targets = self._moved_object_targets(lengths, held)
         # (demo index, last step of the window) for every step of every demo.
         self.index = np.array([(d, t) for d, n in enumerate(lengths) for t in range(n)], dtype=np.int64)
         if len(self.index) == 0:
@@ -180,13 +184,17 @@ class WindowDataset(Dataset):
         rel = pos.reshape(len(pos), -1, 3) - proprio[:, None, :3]  # (T, n, 3)
         return (10.0 * rel).reshape(len(pos), -1)  # (T, 3n)
 
-    def _waypoint_targets(self, proprio: np.ndarray, actions: np.ndarray, gripper_dim: int) -> np.ndarray:
-        """(T, 3D) float32: the hand (proprio dims `waypoint_dims`) at the demo's next grasp, next release and
-        last step, relative to now (`vla.data.waypoints`)."""
+    def _gripper_closed(self, actions: np.ndarray, gripper_dim: int) -> np.ndarray:
+        """(T,) bool: the gripper command (action dimension `gripper_dim`) closed, per step."""
         act = self.tok.action
         if not -act.action_dim <= gripper_dim < act.action_dim:
             raise DatasetError(f"data.gripper_dim={gripper_dim} is not one of the {act.action_dim} action dimensions")
-        closed = gripper_closed(actions, gripper_dim, float(act.low[gripper_dim]), float(act.high[gripper_dim]))
+        return gripper_closed(actions, gripper_dim, float(act.low[gripper_dim]), float(act.high[gripper_dim]))
+
+    def _waypoint_targets(self, proprio: np.ndarray, actions: np.ndarray, gripper_dim: int) -> np.ndarray:
+        """(T, 3D) float32: the hand (proprio dims `waypoint_dims`) at the demo's next grasp, next release and
+        last step, relative to now (`vla.data.waypoints`)."""
+        closed = self._gripper_closed(actions, gripper_dim)
         hand = self.tok.proprio.normalize(proprio).astype(np.float32)
         if self.waypoint_dims:
             if max(self.waypoint_dims) >= hand.shape[1]:
@@ -206,17 +214,18 @@ class WindowDataset(Dataset):
             raise DatasetError(f"{src.path}: {name}/obs/{key} must be finite (T, 2n) image positions, got {px.shape}")
         return px.reshape(len(px), -1, 2)
 
-    def _moved_object_targets(self, lengths: list[int]) -> list[np.ndarray]:
+    def _moved_object_targets(self, lengths: list[int], held: list[bool]) -> list[np.ndarray]:
         """Per demo (T, 2, 2) float32: where the thing it moves is (NaN where it is not seen) and where it ends
-        (`vla.data.moved_object`), from the main camera's frames. The empty scene is the median over every demo
+        (`vla.data.moved_object`), from the main camera's frames and, per demo, whether the hand still holds it
+        at the end. The empty scene is the median over every demo
         of the split: measured on Meta-World MT10, one scene per task found its pucks less often."""
         rng = np.random.default_rng([self.seed, _MOVED_OBJECT_STREAM])
         one = lambda d, t: self._frames(d, t, t + 1)[0, 0]  # noqa: E731 - (H, W, 3): main camera, step t
         empty = moved_object.scene(np.stack([one(d, int(rng.integers(n))) for d, n in enumerate(lengths)]))
         first = np.stack([one(d, 0) for d in range(len(lengths))])  # (E, H, W, 3)
         last = np.stack([one(d, n - 1) for d, n in enumerate(lengths)])
-        starts = moved_object.start_regions(first, last, empty)
-        ends = moved_object.end_regions(first, last, empty, starts)
+        starts = moved_object.start_regions(first, last, empty, self.tasks)
+        ends = moved_object.end_regions(first, last, empty, self.tasks, starts, held)
         return [
             np.full((n, 2, 2), np.nan, np.float32) if start is None  # nothing found: no target at any step
             else moved_object.moved_object_targets(self._frames(d, 0, n)[:, 0], start, end, empty)
