@@ -12,8 +12,8 @@ from vla.data.moved_object import (
     moved_object_targets,
     scene,
     start_regions,
-    still_held,
 )
+from vla.data.waypoints import still_held
 from vla.data.windows import WindowDataset, fit_tokenizers
 from vla.model.losses import keypoint_loss
 from vla.training.config import load_config

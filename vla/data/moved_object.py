@@ -100,13 +100,6 @@ def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray, tasks:
     return [r if r is not None and lo <= r.sum() <= hi else None for r in regions]
 
 
-def still_held(closed: np.ndarray) -> bool:
-    """closed (T,) bool, the gripper command -> whether the hand still holds at the last step what it grasped
-    (the command turned to closed during the demonstration and stays so): the last frame shows the hand over the
-    thing, not where it lies."""
-    return bool(closed[-1] and (closed[1:] & ~closed[:-1]).any())
-
-
 def end_regions(
     first: np.ndarray,
     last: np.ndarray,
@@ -115,7 +108,8 @@ def end_regions(
     starts: list[np.ndarray | None],
     held: list[bool],
 ) -> list[np.ndarray | None]:
-    """first, last, empty, tasks as for `start_regions`, starts its result, held `still_held` per demonstration
+    """first, last, empty, tasks as for `start_regions`, starts its result, held per demonstration
+    (`vla.data.waypoints.still_held`)
     -> per demonstration the (H, W) bool region where the moved thing is in the last frame, or None: pixels that
     showed something in the first frame and something else in the last (the bin, the target or the block it now
     lies on, covered by it), of the moved thing's colour (its start region's median in the first frame; so not

@@ -30,15 +30,25 @@ def gripper_closed(actions: np.ndarray, dim: int, low: float, high: float) -> np
     return actions[:, dim] > 0.5 * (low + high)
 
 
+def turns_closed(closed: np.ndarray) -> np.ndarray:
+    """closed (T,) bool -> the steps where the gripper command turns to closed (a grasp)."""
+    return np.flatnonzero(closed[1:] & ~closed[:-1]) + 1
+
+
+def still_held(closed: np.ndarray) -> bool:
+    """closed (T,) bool -> whether the hand still holds at the last step what it grasped (the command turned to
+    closed during the demonstration and stays so): its last frame shows the hand over the thing, not where it lies."""
+    return bool(closed[-1] and len(turns_closed(closed)))
+
+
 def waypoint_targets(proprio: np.ndarray, closed: np.ndarray) -> np.ndarray:
     """proprio (T, P) normalized, closed (T,) bool -> (T, 4 * P) float32: the proprio at the next grasp,
     the next release, the last step and HORIZON steps ahead, each minus the proprio at t."""
     T = len(proprio)
     last = T - 1
-    turns_closed = np.flatnonzero(closed[1:] & ~closed[:-1]) + 1  # steps where the command closes
-    turns_open = np.flatnonzero(~closed[1:] & closed[:-1]) + 1  # ... and where it opens
+    turns_open = np.flatnonzero(~closed[1:] & closed[:-1]) + 1  # steps where the command opens (a release)
     steps = np.arange(T)
-    grasp = _next_at_or_after(turns_closed, steps, last)
+    grasp = _next_at_or_after(turns_closed(closed), steps, last)
     grasp = np.where(closed, steps, grasp)  # holding: the thing is at the hand now
     release = _next_at_or_after(turns_open, steps + 1, last)
     ahead = np.minimum(steps + HORIZON, last)

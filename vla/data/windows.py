@@ -23,9 +23,8 @@ from torch.utils.data import Dataset
 
 from vla.data import moved_object
 from vla.data.hdf5_format import DatasetError, ObsKeys
-from vla.data.moved_object import still_held
 from vla.data.sources import EpisodeSource, open_source
-from vla.data.waypoints import N_WAYPOINTS, gripper_closed, waypoint_targets
+from vla.data.waypoints import N_WAYPOINTS, gripper_closed, still_held, waypoint_targets
 from vla.tokenizers import ActionTokenizer, ProprioNormalizer, TextTokenizer, Tokenizers
 from vla.tokenizers.encoder import EncoderTokenizer
 
@@ -217,8 +216,8 @@ class WindowDataset(Dataset):
     def _moved_object_targets(self, lengths: list[int], held: list[bool]) -> list[np.ndarray]:
         """Per demo (T, 2, 2) float32: where the thing it moves is (NaN where it is not seen) and where it ends
         (`vla.data.moved_object`), from the main camera's frames and, per demo, whether the hand still holds it
-        at the end. The empty scene is the median over every demo
-        of the split: measured on Meta-World MT10, one scene per task found its pucks less often."""
+        at the end. The empty scene is the median over every demo of the split: measured on Meta-World MT10, one
+        scene per task found its pucks less often."""
         rng = np.random.default_rng([self.seed, _MOVED_OBJECT_STREAM])
         one = lambda d, t: self._frames(d, t, t + 1)[0, 0]  # noqa: E731 - (H, W, 3): main camera, step t
         empty = moved_object.scene(np.stack([one(d, int(rng.integers(n))) for d, n in enumerate(lengths)]))
