@@ -10,6 +10,7 @@ from vla.data.moved_object import (
     end_regions,
     largest_region,
     moved_object_targets,
+    moves_early,
     scene,
     start_regions,
 )
@@ -149,6 +150,20 @@ def test_a_demo_that_moves_nothing_has_no_target_and_a_covered_object_none_while
     covered[1, rows.min() : rows.min() + 4, cols.min() : cols.min() + 4] = 20  # the hand over the block
     targets = moved_object_targets(covered, regions[0], None, scene(np.stack([d[2] for d in demos])))[:, 0, 0]
     assert np.isfinite(targets[[0, 2]]).all() and np.isnan(targets[1])
+
+
+def test_a_region_that_changes_as_the_demo_begins_is_the_arms_and_marks_nothing():
+    """What the hand moves lies still while the hand travels to it; a start region that changes within the first
+    steps is the arm leaving a pose of its own (Meta-World's reach, window-close): no target at any step."""
+    rng = np.random.default_rng(11)
+    start, end = np.array((6, 6)), np.array((21, 21))
+    empty = np.full((SIDE, SIDE, 3), 128, np.int16)
+    at_once = _demo(rng, start, end, moves_at=1, T=20)  # already on its way at step 1
+    later = _demo(rng, start, end, moves_at=8, T=20)  # still until the hand arrives
+    assert moves_early(at_once, _block(start)) and not moves_early(later, _block(start))
+    assert np.isnan(moved_object_targets(at_once, _block(start), _block(end), empty)).all()
+    targets = moved_object_targets(later, _block(start), _block(end), empty)
+    assert np.isfinite(targets[:8]).all()  # at rest: where it starts, and where it ends
 
 
 def test_keypoint_loss_skips_steps_without_a_target():

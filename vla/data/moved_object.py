@@ -10,7 +10,8 @@ thing the hand moves is somewhere in the first frame and gone from there in the 
   arrived or the hand stopped, the last frame does not show the scene), and not so in many demonstrations of
   the split or of the demonstration's task (the arm's home pose, which a task may have of its own). Their
   largest 4-connected region, kept when its size is like the other demonstrations' (much smaller or larger is
-  noise or the arm);
+  noise or the arm) and when it lies still through the demonstration's first steps (what the hand moves waits
+  for the hand; a region that changes at once is the arm leaving a pose of its own);
 - where it ends, the goal: in the last frame, pixels of its colour where the first frame showed something else
   that was not the scene either (the bin, the target, the block it is stacked on). None where the hand still
   holds what it grasped at the last step (its gripper command): the last frame shows the hand over the thing,
@@ -39,6 +40,7 @@ COMMON = 0.2  # a start pixel in more than this share of demonstrations belongs 
 TASK_COMMON = 0.6  # ... or in more than this share of its task's (a task's own home pose)
 SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median region's size
 NEAR = 0.25  # a moved object is looked for this share of the image around where it was last seen
+EARLY = 0.15  # a start region that changes within this share of its demonstration is the arm's, not an object's
 
 
 def scene(frames: np.ndarray) -> np.ndarray:
@@ -139,6 +141,21 @@ def _centre(region: np.ndarray) -> np.ndarray:
     return np.array([axis[rows].mean(), axis[cols].mean()], dtype=np.float32)
 
 
+def _still_there(frames: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """frames (T, H, W, 3) uint8, the start region -> (T,) bool: the region still looks as in the first frame."""
+    pixels = frames[:, start]  # (T, n, 3)
+    return (~_changed(pixels, pixels[0])).mean(1) >= STILL_THERE
+
+
+def moves_early(frames: np.ndarray, start: np.ndarray) -> bool:
+    """frames (T, H, W, 3) uint8 of one demonstration, its start region -> whether the region changes within the
+    first EARLY of the demonstration. A thing the hand moves lies still while the hand travels to it; a region that
+    changes at once is the arm itself (a task's own start pose that the scene did not explain: Meta-World's
+    reach-v3, window-close-v3, drawer-open-v3), so it marks no object."""
+    there = _still_there(frames, start)
+    return not there[: max(1, int(EARLY * len(frames)))].all()
+
+
 def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarray:
     """frames (T, H, W, 3) uint8 of one demonstration, its start region, the scene -> (T, 2) float32: where the
     moved object is at each step, (row, column) in -1..1, NaN where it is not seen. At its start region while that
@@ -147,8 +164,7 @@ def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarra
     smaller one: the hand covers it, no target)."""
     T, H, W, _ = frames.shape
     out = np.full((T, 2), np.nan, dtype=np.float32)
-    pixels = frames[:, start]  # (T, n, 3)
-    there = (~_changed(pixels, pixels[0])).mean(1) >= STILL_THERE  # (T,): still as in the first frame
+    there = _still_there(frames, start)
     colour = _colour(frames[0], start)
     like = np.abs(frames.astype(np.int16) - colour).max(-1) <= CHANGE  # (T, H, W)
     like &= _changed(frames, empty) & (_changed(frames, frames[:1]) | start)  # moved there: not a mark of its colour
@@ -180,8 +196,11 @@ def moved_object_targets(
 ) -> np.ndarray:
     """frames (T, H, W, 3) uint8 of one demonstration, its regions from `start_regions` and `end_regions`, the
     scene -> (T, 2, 2) float32, (row, column) in -1..1: where the moved object is (`track`; NaN where it is not
-    seen), and the end region's centre, the goal, at every step (NaN without one)."""
+    seen), and the end region's centre, the goal, at every step (NaN without one). All NaN where the start region
+    `moves_early`: it is the arm's."""
     out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
+    if moves_early(frames, start):
+        return out
     out[:, 0] = track(frames, start, empty)
     if end is not None:
         out[:, 1] = _centre(end)
