@@ -13,6 +13,7 @@ from vla.data.moved_object import (
     moves_early,
     scene,
     start_regions,
+    still_there,
 )
 from vla.data.waypoints import still_held
 from vla.data.windows import WindowDataset, fit_tokenizers
@@ -160,7 +161,7 @@ def test_a_region_that_changes_as_the_demo_begins_is_the_arms_and_marks_nothing(
     empty = np.full((SIDE, SIDE, 3), 128, np.int16)
     at_once = _demo(rng, start, end, moves_at=1, T=20)  # already on its way at step 1
     later = _demo(rng, start, end, moves_at=8, T=20)  # still until the hand arrives
-    assert moves_early(at_once, _block(start)) and not moves_early(later, _block(start))
+    assert moves_early(still_there(at_once, _block(start))) and not moves_early(still_there(later, _block(start)))
     assert np.isnan(moved_object_targets(at_once, _block(start), _block(end), empty)).all()
     targets = moved_object_targets(later, _block(start), _block(end), empty)
     assert np.isfinite(targets[:8]).all()  # at rest: where it starts, and where it ends

@@ -141,30 +141,29 @@ def _centre(region: np.ndarray) -> np.ndarray:
     return np.array([axis[rows].mean(), axis[cols].mean()], dtype=np.float32)
 
 
-def _still_there(frames: np.ndarray, start: np.ndarray) -> np.ndarray:
-    """frames (T, H, W, 3) uint8, the start region -> (T,) bool: the region still looks as in the first frame."""
+def still_there(frames: np.ndarray, start: np.ndarray) -> np.ndarray:
+    """frames (T, H, W, 3) uint8 of one demonstration, its start region -> (T,) bool: the region still looks as in
+    the first frame (at least STILL_THERE of its pixels)."""
     pixels = frames[:, start]  # (T, n, 3)
     return (~_changed(pixels, pixels[0])).mean(1) >= STILL_THERE
 
 
-def moves_early(frames: np.ndarray, start: np.ndarray) -> bool:
-    """frames (T, H, W, 3) uint8 of one demonstration, its start region -> whether the region changes within the
-    first EARLY of the demonstration. A thing the hand moves lies still while the hand travels to it; a region that
-    changes at once is the arm itself (a task's own start pose that the scene did not explain: Meta-World's
-    reach-v3, window-close-v3, drawer-open-v3), so it marks no object."""
-    there = _still_there(frames, start)
-    return not there[: max(1, int(EARLY * len(frames)))].all()
+def moves_early(there: np.ndarray) -> bool:
+    """there (T,) bool from `still_there` -> whether the start region changes within the first EARLY of the
+    demonstration. A thing the hand moves lies still while the hand travels to it; a region that changes at once is
+    the arm itself (a task's own start pose that the scene did not explain: Meta-World's reach-v3, window-close-v3,
+    drawer-open-v3), so it marks no object."""
+    return not there[: max(1, int(EARLY * len(there)))].all()
 
 
-def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray) -> np.ndarray:
-    """frames (T, H, W, 3) uint8 of one demonstration, its start region, the scene -> (T, 2) float32: where the
-    moved object is at each step, (row, column) in -1..1, NaN where it is not seen. At its start region while that
-    still looks as in the first frame; after, the largest region of its colour that is neither the scene nor as in
-    the first frame (so not a goal mark of its colour), near where it was last seen and of about its size (a
-    smaller one: the hand covers it, no target)."""
+def track(frames: np.ndarray, start: np.ndarray, empty: np.ndarray, there: np.ndarray) -> np.ndarray:
+    """frames (T, H, W, 3) uint8 of one demonstration, its start region, the scene, `still_there` of the region
+    -> (T, 2) float32: where the moved object is at each step, (row, column) in -1..1, NaN where it is not seen. At
+    its start region while that still looks as in the first frame; after, the largest region of its colour that is
+    neither the scene nor as in the first frame (so not a goal mark of its colour), near where it was last seen and
+    of about its size (a smaller one: the hand covers it, no target)."""
     T, H, W, _ = frames.shape
     out = np.full((T, 2), np.nan, dtype=np.float32)
-    there = _still_there(frames, start)
     colour = _colour(frames[0], start)
     like = np.abs(frames.astype(np.int16) - colour).max(-1) <= CHANGE  # (T, H, W)
     like &= _changed(frames, empty) & (_changed(frames, frames[:1]) | start)  # moved there: not a mark of its colour
@@ -199,9 +198,10 @@ def moved_object_targets(
     seen), and the end region's centre, the goal, at every step (NaN without one). All NaN where the start region
     `moves_early`: it is the arm's."""
     out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
-    if moves_early(frames, start):
+    there = still_there(frames, start)  # (T,)
+    if moves_early(there):
         return out
-    out[:, 0] = track(frames, start, empty)
+    out[:, 0] = track(frames, start, empty, there)
     if end is not None:
         out[:, 1] = _centre(end)
     return out
