@@ -98,6 +98,35 @@ def test_where_each_demo_moves_its_object_from_and_to_is_found():
     assert end_regions(first, last, empty, tasks, found_starts, held)[0] is None
 
 
+def test_where_the_hand_stops_over_the_goal_the_end_is_what_it_covers_nearest_the_object():
+    """A hand that stays over the goal hides the moved block in the last frame: no pixel of its colour shows
+    there, so the goal is what the hand covers (the target the block lies on), not nothing; and of what the arm
+    covers besides (here a larger mark), the region nearest where the block was last seen."""
+    demos, starts, ends = _demos()
+    demo, (r, c), hand = demos[0], ends[0], 30
+    demo[:, SIDE - 5 :, :8] = (40, 40, 200)  # a blue mark along the bottom edge, below every block and target
+    demo[-1, SIDE - 5 :, :8] = hand  # ... which the arm covers at the end
+    demo[-1, r - 2 : r + 6, c - 2 : c + 6] = hand  # as the hand covers the block and all of its target
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
+    tasks = ["push"] * len(demos)
+    found_starts = start_regions(first, last, empty, tasks)
+    end = end_regions(first, last, empty, tasks, found_starts, [False] * len(demos))[0]
+    target = np.zeros((SIDE, SIDE), bool)
+    target[r - 1 : r + 5, c - 1 : c + 5] = True  # the 6x6 target the block lies on, under the hand
+    assert end[target].all() and end.sum() == target.sum() + 5 * 8  # the target and the mark: both covered
+    axis = (np.arange(SIDE) + 0.5) / SIDE * 2 - 1
+    goal = moved_object_targets(demo, found_starts[0], end, empty)[:, 1]  # (T, 2)
+    np.testing.assert_allclose(goal, np.broadcast_to([axis[r : r + 4].mean(), axis[c : c + 4].mean()], goal.shape))
+    demo[-1, r - 2 : r + 6, c - 2 : c + 6] = 128  # the hand gone and the block with it: nothing arrived there
+    demo[-1, SIDE - 5 :, :8] = (40, 40, 200)
+    (r0, c0) = starts[0]
+    demo[:, r0 + 4, c0 : c0 + 4] = (60, 60, 60)  # a shadow along the block's start ...
+    demo[-1, r0 + 4, c0 : c0 + 4] = (200, 200, 40)  # ... that looks otherwise at the end: where it was, no goal
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    assert end_regions(first, last, empty, tasks, found_starts, [False] * len(demos))[0] is None
+
+
 def test_still_held_means_a_grasp_that_was_never_released():
     assert still_held(np.array([0, 0, 1, 1], bool))  # grasped, held to the end
     assert not still_held(np.array([0, 1, 1, 0], bool))  # let go before the end
@@ -232,4 +261,7 @@ def test_training_says_how_many_demos_the_video_labelled(tiny_dataset, capsys):
     assert not data.spec.keypoint_targets  # the label-free keypoint net, as measured
     found = sum(bool(np.isfinite(t[:, 0, 0]).any()) for t in data.train_set.keypoint_targets)
     assert 6 <= found < len(data.train_set.names)  # the pushes, pick-and-places and stacks, not the reaches
-    assert f"moved-object targets in {found} of {len(data.train_set.names)} training demos" in capsys.readouterr().err
+    goals = sum(bool(np.isfinite(t[:, 1, 0]).any()) for t in data.train_set.keypoint_targets)
+    assert 6 <= goals <= found  # a push ends on its target, a pick-and-place in its bin, a stack on its base
+    said = f"moved-object targets in {found} of {len(data.train_set.names)} training demos, where they end in {goals}"
+    assert said in capsys.readouterr().err

@@ -13,9 +13,12 @@ thing the hand moves is somewhere in the first frame and gone from there in the 
   noise or the arm) and when it lies still through the demonstration's first steps (what the hand moves waits
   for the hand; a region that changes at once is the arm leaving a pose of its own);
 - where it ends, the goal: in the last frame, pixels of its colour where the first frame showed something else
-  that was not the scene either (the bin, the target, the block it is stacked on). None where the hand still
-  holds what it grasped at the last step (its gripper command): the last frame shows the hand over the thing,
-  and a look-alike elsewhere (an arm of its colour) would be taken for it;
+  that was not the scene either (the bin, the target, the block it is stacked on). Where none are, the hand
+  stopped over the goal and hides the thing: then what it covers, of the regions the first frame showed as
+  something and the last as something else (the arm may cover other things too) the one nearest where the
+  thing was last seen. None where the hand still holds what it grasped at the last step (its gripper command):
+  the last frame shows the hand over the thing, and a look-alike elsewhere (an arm of its colour) would be
+  taken for it;
 - where it is at step t: the start region's centre while most of its pixels still look as in the first frame;
   once it moves, the region of its colour that is not the scene and not as in the first frame (a goal mark of
   its colour is), near where it was last seen and of about its size (NaN while the hand hides it);
@@ -41,6 +44,7 @@ TASK_COMMON = 0.6  # ... or in more than this share of its task's (a task's own 
 SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median region's size
 NEAR = 0.25  # a moved object is looked for this share of the image around where it was last seen
 EARLY = 0.15  # a start region that changes within this share of its demonstration is the arm's, not an object's
+MIN_END = 3  # pixels an end region needs (fewer is noise)
 
 
 def scene(frames: np.ndarray) -> np.ndarray:
@@ -53,9 +57,9 @@ def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a.astype(np.int16) - b.astype(np.int16)).max(-1) > CHANGE
 
 
-def largest_region(mask: np.ndarray) -> np.ndarray | None:
-    """(H, W) bool -> the largest 4-connected region of True pixels as an (H, W) bool mask, or None."""
-    seen, best, (H, W) = np.zeros_like(mask), [], mask.shape
+def regions(mask: np.ndarray) -> list[np.ndarray]:
+    """(H, W) bool -> its 4-connected regions of True pixels, each an (H, W) bool mask, in scan order."""
+    seen, found, (H, W) = np.zeros_like(mask), [], mask.shape
     for start in zip(*np.nonzero(mask), strict=True):
         if seen[start]:
             continue
@@ -67,13 +71,16 @@ def largest_region(mask: np.ndarray) -> np.ndarray | None:
                 if 0 <= rr < H and 0 <= cc < W and mask[rr, cc] and not seen[rr, cc]:
                     seen[rr, cc] = True
                     queue.append((rr, cc))
-        if len(region) > len(best):
-            best = region
-    if not best:
-        return None
-    out = np.zeros_like(mask)
-    out[tuple(np.array(best).T)] = True
-    return out
+        out = np.zeros_like(mask)
+        out[tuple(np.array(region).T)] = True
+        found.append(out)
+    return found
+
+
+def largest_region(mask: np.ndarray) -> np.ndarray | None:
+    """(H, W) bool -> the largest 4-connected region of True pixels as an (H, W) bool mask (the first of equals),
+    or None."""
+    return max(regions(mask), key=np.sum, default=None)
 
 
 def _common(masks: np.ndarray, tasks: list[str]) -> np.ndarray:
@@ -115,7 +122,10 @@ def end_regions(
     -> per demonstration the (H, W) bool region where the moved thing is in the last frame, or None: pixels that
     showed something in the first frame and something else in the last (the bin, the target or the block it now
     lies on, covered by it), of the moved thing's colour (its start region's median in the first frame; so not
-    the hand, which stops there too). None where the hand still holds it: what looks like it there is the hand."""
+    the hand, which stops there too). Where no pixel is of its colour the hand stopped over the goal and covers
+    the thing on it: then every such pixel, possibly several regions, of which `moved_object_targets` keeps the
+    one nearest where the thing was last seen. None where the hand still holds it: what looks like it there is
+    the hand."""
     arrived = _changed(first, empty) & _changed(first, last) & _changed(last, empty)  # (E, H, W)
     arrived &= ~_common(arrived, tasks)
     ends = []
@@ -125,8 +135,20 @@ def end_regions(
             continue
         colour = _colour(first[e], start)
         like = arrived[e] & (np.abs(last[e].astype(np.int16) - colour).max(-1) <= CHANGE)  # (H, W)
-        ends.append(largest_region(like) if like.sum() >= 3 else None)
+        if like.sum() >= MIN_END:
+            ends.append(largest_region(like))
+        else:  # none of its colour: the hand covers it, and the arm may cover other things
+            left_behind = _grow(start, 2)  # the edges of where it was (its shadow, a pixel of it) are no goal
+            covered = [r for r in regions(arrived[e] & ~left_behind) if r.sum() >= MIN_END]
+            ends.append(np.any(covered, axis=0) if covered else None)
     return ends
+
+
+def _grow(mask: np.ndarray, pixels: int) -> np.ndarray:
+    """(H, W) bool -> the mask grown by `pixels` in every direction (each pixel's square of side 2 * pixels + 1)."""
+    (H, W), side = mask.shape, 2 * pixels + 1
+    padded = np.pad(mask, pixels)
+    return np.any([padded[r : r + H, c : c + W] for r in range(side) for c in range(side)], axis=0)
 
 
 def _colour(frame: np.ndarray, region: np.ndarray) -> np.ndarray:
@@ -195,7 +217,8 @@ def moved_object_targets(
 ) -> np.ndarray:
     """frames (T, H, W, 3) uint8 of one demonstration, its regions from `start_regions` and `end_regions`, the
     scene -> (T, 2, 2) float32, (row, column) in -1..1: where the moved object is (`track`; NaN where it is not
-    seen), and the end region's centre, the goal, at every step (NaN without one). All NaN where the start region
+    seen), and the end region's centre, the goal, at every step (NaN without one); of an end of several regions
+    (what the hand and arm cover), the one nearest where the object was last seen. All NaN where the start region
     `moves_early`: it is the arm's."""
     out = np.full((len(frames), 2, 2), np.nan, dtype=np.float32)
     there = still_there(frames, start)  # (T,)
@@ -203,5 +226,6 @@ def moved_object_targets(
         return out
     out[:, 0] = track(frames, start, empty, there)
     if end is not None:
-        out[:, 1] = _centre(end)
+        last_seen = out[np.isfinite(out[:, 0, 0]), 0][-1]  # (2,): seen at step 0 at least, at its start
+        out[:, 1] = _centre(min(regions(end), key=lambda region: np.abs(_centre(region) - last_seen).max()))
     return out

@@ -103,7 +103,12 @@ def load_data(cfg: TrainConfig, path: str, tokenizers: Tokenizers | None) -> Tra
             print(f"vla-train: no validation loss ({e})", file=sys.stderr)
     if cfg.data.moved_object_targets:  # a moving camera finds nothing to label: say so, the loss is then silent
         found = sum(bool(np.isfinite(t[:, 0, 0]).any()) for t in train_set.keypoint_targets)
-        print(f"vla-train: moved-object targets in {found} of {len(train_set.names)} training demos", file=sys.stderr)
+        goals = sum(bool(np.isfinite(t[:, 1, 0]).any()) for t in train_set.keypoint_targets)
+        print(
+            f"vla-train: moved-object targets in {found} of {len(train_set.names)} training demos, "
+            f"where they end in {goals}",
+            file=sys.stderr,
+        )
     sample = train_set[0]
     side = sample["image"].shape[-2]
     if side % cfg.model.patch_size:
