@@ -57,8 +57,8 @@ def _changed(a: np.ndarray, b: np.ndarray) -> np.ndarray:
     return np.abs(a.astype(np.int16) - b.astype(np.int16)).max(-1) > CHANGE
 
 
-def regions(mask: np.ndarray) -> list[np.ndarray]:
-    """(H, W) bool -> its 4-connected regions of True pixels, each an (H, W) bool mask, in scan order."""
+def _components(mask: np.ndarray) -> list[list[tuple[int, int]]]:
+    """(H, W) bool -> its 4-connected regions of True pixels, each as its (row, column) pixels, in scan order."""
     seen, found, (H, W) = np.zeros_like(mask), [], mask.shape
     for start in zip(*np.nonzero(mask), strict=True):
         if seen[start]:
@@ -71,16 +71,26 @@ def regions(mask: np.ndarray) -> list[np.ndarray]:
                 if 0 <= rr < H and 0 <= cc < W and mask[rr, cc] and not seen[rr, cc]:
                     seen[rr, cc] = True
                     queue.append((rr, cc))
-        out = np.zeros_like(mask)
-        out[tuple(np.array(region).T)] = True
-        found.append(out)
+        found.append(region)
     return found
+
+
+def _mask(pixels: list[tuple[int, int]], shape: tuple[int, int]) -> np.ndarray:
+    out = np.zeros(shape, dtype=bool)
+    out[tuple(np.array(pixels).T)] = True
+    return out
+
+
+def regions(mask: np.ndarray) -> list[np.ndarray]:
+    """(H, W) bool -> its 4-connected regions of True pixels, each an (H, W) bool mask, in scan order."""
+    return [_mask(pixels, mask.shape) for pixels in _components(mask)]
 
 
 def largest_region(mask: np.ndarray) -> np.ndarray | None:
     """(H, W) bool -> the largest 4-connected region of True pixels as an (H, W) bool mask (the first of equals),
-    or None."""
-    return max(regions(mask), key=np.sum, default=None)
+    or None. Only the largest becomes a mask: `track` asks this of every frame."""
+    largest = max(_components(mask), key=len, default=None)
+    return None if largest is None else _mask(largest, mask.shape)
 
 
 def _common(masks: np.ndarray, tasks: list[str]) -> np.ndarray:
@@ -101,12 +111,12 @@ def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray, tasks:
     or None where none is found."""
     left = _changed(first, empty) & _changed(first, last) & ~_changed(last, empty)  # (E, H, W): objects that left
     left &= ~_common(left, tasks)  # the same pixels in many demonstrations of a task: the scene's or the arm's
-    regions = [largest_region(mask) for mask in left]
-    sizes = [int(r.sum()) for r in regions if r is not None]
+    found = [largest_region(mask) for mask in left]
+    sizes = [int(r.sum()) for r in found if r is not None]
     if not sizes:
-        return regions
+        return found
     lo, hi = (np.median(sizes) * bound for bound in SIZE_RANGE)
-    return [r if r is not None and lo <= r.sum() <= hi else None for r in regions]
+    return [r if r is not None and lo <= r.sum() <= hi else None for r in found]
 
 
 def end_regions(
