@@ -30,10 +30,10 @@ def _path(block_from, block_to, moves_at, T):
     return np.round(np.asarray(block_from) + share * (np.asarray(block_to) - block_from)).astype(int)
 
 
-def _demo(rng, block_from, block_to, moves_at, T=8, mark=None, home=(1, 1)):
-    """(T, SIDE, SIDE, 3) uint8 frames on a grey table: a 4x4 block of a random colour at block_from until step
-    moves_at, then on its way to block_to, on a green 6x6 target there; a dark 3x3 'arm' at `home` in the
-    first frame, elsewhere along the top later; with `mark`, a patch of the block's own colour at that corner."""
+def _demo(rng, block_from, block_to, moves_at, T=8, mark=None, home=(1, 1), size=4):
+    """(T, SIDE, SIDE, 3) uint8 frames on a grey table: a size x size block of a random colour at block_from until
+    step moves_at, then on its way to block_to, on a green 6x6 target there; a dark 3x3 'arm' at `home` in the
+    first frame, elsewhere along the top later; with `mark`, a 4x4 patch of the block's colour at that corner."""
     frames = np.full((T, SIDE, SIDE, 3), 128, np.uint8)
     frames += rng.integers(0, 6, frames.shape, dtype=np.uint8)  # sensor noise, well below the change threshold
     colour = rng.integers(160, 256, 3)
@@ -41,7 +41,7 @@ def _demo(rng, block_from, block_to, moves_at, T=8, mark=None, home=(1, 1)):
         frames[t, block_to[0] - 1 : block_to[0] + 5, block_to[1] - 1 : block_to[1] + 5] = (40, 200, 40)
         if mark is not None:
             frames[t, mark[0] : mark[0] + 4, mark[1] : mark[1] + 4] = colour
-        frames[t, r : r + 4, c : c + 4] = colour
+        frames[t, r : r + size, c : c + size] = colour
         arm = home if t == 0 else (0, int(rng.integers(4, SIDE - 3)))  # above the blocks, never over one
         frames[t, arm[0] : arm[0] + 3, arm[1] : arm[1] + 3] = 20
     return frames
@@ -63,9 +63,9 @@ def _demos(n=12, seed=0):
     return demos, starts, ends
 
 
-def _block(corner) -> np.ndarray:
+def _block(corner, size=4) -> np.ndarray:
     mask = np.zeros((SIDE, SIDE), bool)
-    mask[corner[0] : corner[0] + 4, corner[1] : corner[1] + 4] = True
+    mask[corner[0] : corner[0] + size, corner[1] : corner[1] + size] = True
     return mask
 
 
@@ -149,6 +149,23 @@ def test_a_tasks_own_home_pose_is_not_taken_for_a_moved_object():
     as_one_task = start_regions(first, last, empty, ["push"] * 14)  # what the split alone would say
     for region in as_one_task[-2:]:
         assert region is not None and region[1:4, 20:23].all()  # the arm's home pose, taken for an object
+
+
+def test_each_task_keeps_start_regions_of_its_own_objects_size():
+    """A task that moves a small thing (a puck beside blocks four times its area) keeps its regions: the size a
+    region should have is its task's; a thing of one or two pixels is noise in any task."""
+    demos, _, _ = _demos()
+    rng = np.random.default_rng(13)
+    paths = [((3, 27), (3, 18)), ((27, 3), (27, 12)), ((27, 27), (18, 27))]
+    demos += [_demo(rng, start, end, moves_at=3, size=2) for start, end in paths]  # pucks: 4 pixels
+    demos += [_demo(rng, start, end, moves_at=3, size=1) for start, end in paths]  # crumbs: 1 pixel
+    first, last = np.stack([d[0] for d in demos]), np.stack([d[-1] for d in demos])
+    empty = scene(np.stack([d[i % 6] for i, d in enumerate(demos)]))
+    found = start_regions(first, last, empty, ["push"] * 12 + ["puck"] * 3 + ["crumb"] * 3)
+    assert all(region is not None for region in found[:12])
+    for region, (start, _) in zip(found[12:15], paths, strict=True):
+        np.testing.assert_array_equal(region, _block(start, size=2))
+    assert all(region is None for region in found[15:])
 
 
 def test_the_moved_object_is_followed_past_a_mark_of_its_own_colour():

@@ -9,9 +9,10 @@ thing the hand moves is somewhere in the first frame and gone from there in the 
   first frame in the last, and show the scene again in the last (the object left them; where something
   arrived or the hand stopped, the last frame does not show the scene), and not so in many demonstrations of
   the split or of the demonstration's task (the arm's home pose, which a task may have of its own). Their
-  largest 4-connected region, kept when its size is like the other demonstrations' (much smaller or larger is
-  noise or the arm) and when it lies still through the demonstration's first steps (what the hand moves waits
-  for the hand; a region that changes at once is the arm leaving a pose of its own);
+  largest 4-connected region, kept when its size is like that of the other demonstrations of its task (much
+  smaller or larger is noise or the arm; each task moves a thing of its own size: a puck, a door) and when it lies
+  still through the demonstration's first steps (what the hand moves waits for the hand; a region that changes
+  at once is the arm leaving a pose of its own);
 - where it ends, the goal: in the last frame, pixels of its colour where the first frame showed something else
   that was not the scene either (the bin, the target, the block it is stacked on). Where none are, the hand
   stopped over the goal and hides the thing: then what it covers, of the regions the first frame showed as
@@ -41,10 +42,10 @@ CHANGE = 40  # a pixel changed: its largest channel difference exceeds this (of 
 STILL_THERE = 0.8  # share of the start region's pixels that must look as in the first frame
 COMMON = 0.2  # a start pixel in more than this share of demonstrations belongs to the scene (the arm's home pose)
 TASK_COMMON = 0.6  # ... or in more than this share of its task's (a task's own home pose)
-SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median region's size
+SIZE_RANGE = (1 / 3, 2.0)  # start regions kept, relative to the median start region of their task
 NEAR = 0.25  # a moved object is looked for this share of the image around where it was last seen
 EARLY = 0.15  # a start region that changes within this share of its demonstration is the arm's, not an object's
-MIN_END = 3  # pixels an end region needs (fewer is noise)
+MIN_PIXELS = 3  # pixels a start or end region needs (fewer is noise)
 
 
 def scene(frames: np.ndarray) -> np.ndarray:
@@ -112,11 +113,16 @@ def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray, tasks:
     left = _changed(first, empty) & _changed(first, last) & ~_changed(last, empty)  # (E, H, W): objects that left
     left &= ~_common(left, tasks)  # the same pixels in many demonstrations of a task: the scene's or the arm's
     found = [largest_region(mask) for mask in left]
-    sizes = [int(r.sum()) for r in found if r is not None]
-    if not sizes:
-        return found
-    lo, hi = (np.median(sizes) * bound for bound in SIZE_RANGE)
-    return [r if r is not None and lo <= r.sum() <= hi else None for r in found]
+    found = [r if r is not None and r.sum() >= MIN_PIXELS else None for r in found]
+    typical = {}  # task -> the median size of its start regions
+    for task in set(tasks):
+        sizes = [int(r.sum()) for r, t in zip(found, tasks, strict=True) if r is not None and t == task]
+        typical[task] = np.median(sizes) if sizes else 0.0
+    low, high = SIZE_RANGE
+    return [
+        r if r is not None and low * typical[t] <= r.sum() <= high * typical[t] else None
+        for r, t in zip(found, tasks, strict=True)
+    ]
 
 
 def end_regions(
@@ -145,11 +151,11 @@ def end_regions(
             continue
         colour = _colour(first[e], start)
         like = arrived[e] & (np.abs(last[e].astype(np.int16) - colour).max(-1) <= CHANGE)  # (H, W)
-        if like.sum() >= MIN_END:
+        if like.sum() >= MIN_PIXELS:
             ends.append(largest_region(like))
         else:  # none of its colour: the hand covers it, and the arm may cover other things
             left_behind = _grow(start, 2)  # the edges of where it was (its shadow, a pixel of it) are no goal
-            covered = [r for r in regions(arrived[e] & ~left_behind) if r.sum() >= MIN_END]
+            covered = [r for r in regions(arrived[e] & ~left_behind) if r.sum() >= MIN_PIXELS]
             ends.append(np.any(covered, axis=0) if covered else None)
     return ends
 
