@@ -110,6 +110,14 @@ def test_the_report_cli_prints_it(run):
     assert "| SmolVLA-0.45B (published) | 82.5 | 41.8 | 45.0 | 60.0 | 57.3 |" in result.stdout
 
 
+def test_the_row_names_the_label_free_targets_it_trained_with(run):
+    config = json.loads((run / "config.json").read_text())
+    config["config"]["data"]["moved_object_targets"] = True
+    (run / "config.json").write_text(json.dumps(config))
+    row = "| ours, no privileged information (waypoint and moved-object targets) | 90.0 | 45.5 | 30.0 | 70.0 | 58.9 |"
+    assert row in summary(run).splitlines()
+
+
 def test_average_is_the_mean_of_the_splits_not_of_the_tasks(run):
     counts = {t: (k, 10) for split, ks in OURS.items() for t, k in zip(envs.MT50_SPLITS[split], ks, strict=True)}
     s = split_scores(counts)

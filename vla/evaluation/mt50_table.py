@@ -139,6 +139,7 @@ def _run_setting(run: Path) -> dict:
         "params": parameter_count(run),
         "privileged": bool(data.get("aux_key") or data.get("keypoint_key")) if data else None,
         "waypoints": bool(data.get("waypoint_targets")),
+        "moved_object": bool(data.get("moved_object_targets")),
         "steps": meta.get("config", {}).get("train", {}).get("steps"),
         "demos_per_task": job.get("demos_per_task"),
         "noise": job.get("noise"),
@@ -151,8 +152,9 @@ def _row_name(setting: dict, fallback: str) -> str:
         return fallback
     if setting["privileged"]:
         return "ours, privileged training targets"  # object xyz and image position, from the simulator
-    waypoints = " (waypoint targets)" if setting["waypoints"] else ""  # read from proprio + gripper command
-    return "ours, no privileged information" + waypoints
+    # read from proprio + gripper command, and from what the video shows the hand move
+    kinds = [kind for kind, on in (("waypoint", setting["waypoints"]), ("moved-object", setting["moved_object"])) if on]
+    return "ours, no privileged information" + (f" ({' and '.join(kinds)} targets)" if kinds else "")
 
 
 def _our_runs(run: Path) -> list[tuple[str, Path]]:
