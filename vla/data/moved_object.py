@@ -114,14 +114,15 @@ def start_regions(first: np.ndarray, last: np.ndarray, empty: np.ndarray, tasks:
     left &= ~_common(left, tasks)  # the same pixels in many demonstrations of a task: the scene's or the arm's
     found = [largest_region(mask) for mask in left]
     found = [r if r is not None and r.sum() >= MIN_PIXELS else None for r in found]
-    typical = {}  # task -> the median size of its start regions
-    for task in set(tasks):
-        sizes = [int(r.sum()) for r, t in zip(found, tasks, strict=True) if r is not None and t == task]
-        typical[task] = np.median(sizes) if sizes else 0.0
+    sizes: dict[str, list[int]] = {}  # task -> the sizes of its start regions
+    for r, task in zip(found, tasks, strict=True):
+        if r is not None:
+            sizes.setdefault(task, []).append(int(r.sum()))
+    typical = {task: np.median(of_task) for task, of_task in sizes.items()}
     low, high = SIZE_RANGE
     return [
-        r if r is not None and low * typical[t] <= r.sum() <= high * typical[t] else None
-        for r, t in zip(found, tasks, strict=True)
+        r if r is not None and low <= r.sum() / typical[task] <= high else None
+        for r, task in zip(found, tasks, strict=True)
     ]
 
 
