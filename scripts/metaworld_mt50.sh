@@ -14,9 +14,10 @@
 #   demonstrations  EPISODES_PER_TASK=50 per task (LeRobot's dataset has 50), successes of Meta-World's scripted
 #                   experts with DART noise 0.2 (the clean action is the label); 10% held out per task for the
 #                   validation loss, so 45 per task train (2250 in all, about 210k steps).
-#   image           IMAGE_SIZE=96: corner2 sits far from the table; a puck is 2-3 px at 64 and about 4 at 96
-#                   (5 at 128), and half the table's weight (hard + very hard) is pucks, nuts and pegs.
-#                   128 would cost 4x 64's pixels and about 10 GB of preloaded frames; 96 is 2.25x and about 6 GB.
+#   image           IMAGE_SIZE=128: corner2 sits far from the table; a puck is 2-3 px at 64, about 4 at 96 and
+#                   5 at 128, and half the table's weight (hard + very hard) is pucks, nuts and pegs. 128 px
+#                   costs about 10 GB of preloaded frames and 1.6-1.8x 96's training time, for a higher figure on 50
+#                   episodes a task (docs/metaworld_mt50.md); IMAGE_SIZE=96 is the cheaper job (about 6 GB).
 #   model/steps     configs/metaworld_mt50.yaml: MT10's architecture (about 1.2M parameters), 9000 steps of 32.
 #   rows            (1) no privileged information (the default): waypoint targets from proprio + gripper only;
 #                   (2) MT50_PRIVILEGED=1 adds a run with the simulator's training-time targets (object xyz and
@@ -42,7 +43,7 @@ DATA="${DATA:-data/metaworld_mt50.hdf5}"
 RUN="${RUN:-runs/metaworld_mt50}"
 CONFIG="${CONFIG:-configs/metaworld_mt50.yaml}"
 EPISODES_PER_TASK="${EPISODES_PER_TASK:-50}"   # demonstrations per task (45 train + 5 valid)
-IMAGE_SIZE="${IMAGE_SIZE:-96}"                  # corner2 frames, pixels square
+IMAGE_SIZE="${IMAGE_SIZE:-128}"                 # corner2 frames, pixels square
 NOISE="${NOISE:-0.2}"                           # DART: std of the noise on the expert's motion
 TRAIN_STEPS="${TRAIN_STEPS:-}"                  # empty: the config's train.steps
 TIGHT_EPISODES="${TIGHT_EPISODES:-50}"          # per task for the tighter figure (the first 10 are the protocol's)
@@ -111,6 +112,12 @@ measure_experts experts50 "$RUN/experts50.json" "$TIGHT_EPISODES"
 
 stage "2/8 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
 if [ -f "$RUN/mt50_job.json" ] && [ -e "$DATA" ] && [ ! -e "$DATA.parts" ]; then
+  collected=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['image_size'])" "$RUN/mt50_job.json")
+  if [ "$collected" != "$IMAGE_SIZE" ]; then  # an older run at another size: never train one size as another
+    echo "error: $DATA was collected at ${collected}px, not IMAGE_SIZE=$IMAGE_SIZE; set IMAGE_SIZE=$collected" \
+      "or give another DATA and RUN" >&2
+    exit 2
+  fi
   echo "already collected ($DATA; $RUN/mt50_job.json)"
 else
   resume=""

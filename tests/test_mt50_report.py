@@ -3,9 +3,11 @@
 The run directory is synthetic: per-task success counts written here, so every figure is known by hand."""
 
 import json
+import os
 import re
 import struct
 import subprocess
+import sys
 from pathlib import Path
 
 import pytest
@@ -174,7 +176,7 @@ def test_the_job_script_parses_and_prints_its_header():
     needles = (
         "make metaworld-mt50",
         "EPISODES_PER_TASK=50",
-        "IMAGE_SIZE=96",
+        "IMAGE_SIZE=128",
         "docs/metaworld_mt50.md",
         "MT50_PRIVILEGED=1",
         "1 experts",
@@ -187,6 +189,27 @@ def test_the_job_script_parses_and_prints_its_header():
     for needle in needles:
         assert needle in out, needle
     assert "set -euo" not in out and "metaworld-mt50: setup" in (ROOT / "Makefile").read_text()
+
+
+def test_the_job_refuses_data_collected_at_another_image_size(tmp_path):
+    """A run directory from an older default (96 px) under today's: exit 2 and one line, nothing trained."""
+    run, data = tmp_path / "run", tmp_path / "mt50.hdf5"
+    run.mkdir()
+    for name in ("experts.json", "experts50.json"):
+        (run / name).write_text("{}")
+    data.write_bytes(b"collected")
+    (run / "mt50_job.json").write_text(json.dumps({"image_size": 96, "data": str(data)}))
+    env = {
+        **os.environ,
+        "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
+        "RUN": str(run),
+        "DATA": str(data),
+        "IMAGE_SIZE": "128",
+    }
+    got = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
+    assert got.returncode == 2, got.stderr
+    assert got.stderr.strip().splitlines()[-1].startswith(f"error: {data} was collected at 96px, not IMAGE_SIZE=128")
+    assert not (run / "latest").exists() and data.read_bytes() == b"collected"
 
 
 def test_the_two_rows_configs():
