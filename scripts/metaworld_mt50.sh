@@ -112,10 +112,11 @@ measure_experts experts50 "$RUN/experts50.json" "$TIGHT_EPISODES"
 
 stage "2/8 collect $EPISODES_PER_TASK demonstrations per MT50 task at ${IMAGE_SIZE}px into $DATA"
 if [ -f "$RUN/mt50_job.json" ] && [ -e "$DATA" ] && [ ! -e "$DATA.parts" ]; then
-  collected=$(python -c "import json, sys; print(json.load(open(sys.argv[1]))['image_size'])" "$RUN/mt50_job.json")
-  if [ "$collected" != "$IMAGE_SIZE" ]; then  # an older run at another size: never train one size as another
-    echo "error: $DATA was collected at ${collected}px, not IMAGE_SIZE=$IMAGE_SIZE; set IMAGE_SIZE=$collected" \
-      "or give another DATA and RUN" >&2
+  read -r size demos < <(python -c "import json, sys; j = json.load(open(sys.argv[1]))
+print(j['image_size'], j['demos_per_task'])" "$RUN/mt50_job.json")
+  if [ "$size" != "$IMAGE_SIZE" ] || [ "$demos" != "$EPISODES_PER_TASK" ]; then  # never train one job as another
+    echo "error: $DATA was collected at ${size}px with $demos demos per task, not IMAGE_SIZE=$IMAGE_SIZE" \
+      "EPISODES_PER_TASK=$EPISODES_PER_TASK; set those or give another DATA and RUN" >&2
     exit 2
   fi
   echo "already collected ($DATA; $RUN/mt50_job.json)"

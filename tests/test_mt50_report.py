@@ -191,24 +191,30 @@ def test_the_job_script_parses_and_prints_its_header():
     assert "set -euo" not in out and "metaworld-mt50: setup" in (ROOT / "Makefile").read_text()
 
 
-def test_the_job_refuses_data_collected_at_another_image_size(tmp_path):
-    """A run directory from an older default (96 px) under today's: exit 2 and one line, nothing trained."""
+@pytest.mark.parametrize(("size", "demos"), [(96, 50), (128, 100)])
+def test_the_job_refuses_data_collected_for_another_job(tmp_path, size, demos):
+    """A run directory from another size or demo count under today's defaults: exit 2, one line, nothing trained."""
     run, data = tmp_path / "run", tmp_path / "mt50.hdf5"
     run.mkdir()
     for name in ("experts.json", "experts50.json"):
         (run / name).write_text("{}")
     data.write_bytes(b"collected")
-    (run / "mt50_job.json").write_text(json.dumps({"image_size": 96, "data": str(data)}))
+    job = {"image_size": size, "demos_per_task": demos, "data": str(data)}
+    (run / "mt50_job.json").write_text(json.dumps(job))
     env = {
         **os.environ,
         "PATH": f"{Path(sys.executable).parent}:{os.environ['PATH']}",
         "RUN": str(run),
         "DATA": str(data),
-        "IMAGE_SIZE": "128",
     }
+    for setting in ("IMAGE_SIZE", "EPISODES_PER_TASK"):  # the script's defaults: 128 px, 50 a task
+        env.pop(setting, None)
     got = subprocess.run(["bash", str(SCRIPT)], capture_output=True, text=True, env=env, timeout=120)
     assert got.returncode == 2, got.stderr
-    assert got.stderr.strip().splitlines()[-1].startswith(f"error: {data} was collected at 96px, not IMAGE_SIZE=128")
+    assert got.stderr.strip().splitlines()[-1] == (
+        f"error: {data} was collected at {size}px with {demos} demos per task, not IMAGE_SIZE=128"
+        " EPISODES_PER_TASK=50; set those or give another DATA and RUN"
+    )
     assert not (run / "latest").exists() and data.read_bytes() == b"collected"
 
 
